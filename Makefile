@@ -1,0 +1,30 @@
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel; GPU users: `make setup TORCH=torch==2.13.0 TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128`
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+BIN := $(VENV)/bin
+
+.PHONY: setup run test lint bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+run: setup
+	$(BIN)/inferq up
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check api shared workers inferq tests
+	$(BIN)/ruff format --check api shared workers inferq tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .inferq

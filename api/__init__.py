@@ -1,0 +1,1 @@
+"""The HTTP API: accepts jobs, answers with IDs, serves results and events."""

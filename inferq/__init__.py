@@ -1,0 +1,1 @@
+"""The `inferq` command line: composes the API, workers and an embedded Redis."""

@@ -1,0 +1,51 @@
+"""inferq's one exception tree; only the API's error handlers (api/errors.py) map it to HTTP.
+
+    AppError
+     ├── ConfigError        bad settings or model config (a startup problem)
+     ├── NotFound           unknown model or job, or an expired one
+     ├── InvalidInput       the client sent something unusable
+     │    └── UnsupportedMedia  not a type this model takes
+     ├── PayloadTooLarge    the body is over the configured limit
+     ├── Conflict           the job is in a state that forbids the operation
+     └── Unavailable        Redis cannot be reached
+"""
+
+from __future__ import annotations
+
+
+class AppError(Exception):
+    """Base of every error inferq raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(AppError):
+    code = "config_error"
+
+
+class NotFound(AppError):
+    code = "not_found"
+
+
+class InvalidInput(AppError):
+    code = "invalid_input"
+
+
+class UnsupportedMedia(InvalidInput):
+    code = "unsupported_media_type"
+
+
+class PayloadTooLarge(AppError):
+    code = "payload_too_large"
+
+
+class Conflict(AppError):
+    code = "conflict"
+
+
+class Unavailable(AppError):
+    code = "unavailable"

@@ -1,0 +1,42 @@
+"""Every Redis key, channel and queue name inferq writes, in one place.
+
+RQ's own ``rq:*`` keys are reached through RQ's API; the keys below are inferq's, and each
+is written with a TTL.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "inferq"
+# The pub/sub channel that carries one JSON event per job status change: {"id", "model", "status"}.
+EVENTS_CHANNEL = f"{PREFIX}:events"
+WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def queue_name(model: str) -> str:
+    """The RQ queue a model's jobs wait in."""
+    return f"{PREFIX}.{model}"
+
+
+def model_from_queue(name: str) -> str:
+    """The model a queue belongs to."""
+    return name.removeprefix(f"{PREFIX}.")
+
+
+def payload_key(job_id: str) -> str:
+    """The job's input bytes; deleted when the job ends, expires with the queue TTL."""
+    return f"{PREFIX}:payload:{job_id}"
+
+
+def info_key(job_id: str) -> str:
+    """A hash of inferq's own per-job facts (model, webhook, batch size, timings)."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def webhook_attempts_key(job_id: str) -> str:
+    """A list of JSON delivery attempts for the job's webhook."""
+    return f"{PREFIX}:webhook:{job_id}"

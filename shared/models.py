@@ -1,0 +1,88 @@
+"""The model repository: one folder per model under ``models_dir``, each with a ``config.json``.
+
+This module reads configs only; it never imports torch (the API uses it too).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import ConfigError
+from shared.keys import MODEL_NAME_RE
+
+BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor")
+
+
+class ImageInput(BaseModel):
+    """How an uploaded image becomes the model's input tensor."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["image"] = "image"
+    mode: Literal["L", "RGB"] = "RGB"
+    size: tuple[int, int] = (224, 224)  # (height, width)
+    # Pixels are scaled to [0, 1], then normalized per channel.
+    mean: list[float] = Field(default_factory=lambda: [0.0])
+    std: list[float] = Field(default_factory=lambda: [1.0])
+
+
+class TensorInput(BaseModel):
+    """A JSON array of the given shape (one item, no batch axis) and dtype."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["tensor"] = "tensor"
+    shape: list[int]
+    dtype: Literal["float32", "float64", "int64"] = "float32"
+
+
+class ModelConfig(BaseModel):
+    """One model's ``config.json``; ``name`` and ``path`` come from its folder."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    name: str = ""
+    path: Path = Path()
+    description: str = ""
+    # A built-in handler name, or "package.module:ClassName" for a user's own handler.
+    handler: str = "image_classifier"
+    weights: str = "model.pt"
+    input: Annotated[ImageInput | TensorInput, Field(discriminator="kind")]
+    labels: list[str] | None = None
+    top_k: int = Field(default=5, ge=1)
+    max_batch: int = Field(default=32, ge=1, le=4096)
+    device: str = "auto"
+
+    @property
+    def weights_path(self) -> Path:
+        return self.path / self.weights
+
+
+def load_model_config(folder: Path) -> ModelConfig:
+    """Read and check one model folder's config."""
+    name = folder.name
+    if not MODEL_NAME_RE.match(name):
+        raise ConfigError(f"model folder name {name!r} must match {MODEL_NAME_RE.pattern}")
+    config_file = folder / "config.json"
+    try:
+        raw = json.loads(config_file.read_text())
+        config = ModelConfig.model_validate({**raw, "name": name, "path": folder})
+    except (OSError, ValueError, ValidationError) as exc:
+        raise ConfigError(f"{config_file}: {exc}") from exc
+    if config.handler not in BUILTIN_HANDLERS and ":" not in config.handler:
+        raise ConfigError(
+            f"{config_file}: handler must be one of {BUILTIN_HANDLERS} or 'module:Class', got {config.handler!r}"
+        )
+    return config
+
+
+def load_model_configs(models_dir: Path) -> dict[str, ModelConfig]:
+    """Every model in the repository, by name."""
+    if not models_dir.is_dir():
+        raise ConfigError(f"models directory {models_dir} does not exist")
+    return {
+        folder.name: load_model_config(folder)
+        for folder in sorted(models_dir.iterdir())
+        if (folder / "config.json").is_file()
+    }

@@ -1,0 +1,53 @@
+"""One Settings object for every process, read from ``INFERQ_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Configuration shared by the API, the workers and the CLI; CLI flags override it."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+
+    # None: `inferq up` starts a private redis-server and exports its URL to its children.
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    models_dir: Path = Path("models")
+    data_dir: Path = Path(".inferq")
+
+    result_ttl_s: int = Field(default=3600, ge=1)
+    max_result_ttl_s: int = Field(default=86400, ge=1)
+    failure_ttl_s: int = Field(default=86400, ge=1)
+    # How long a job may wait in its queue before RQ drops it; also bounds its payload's life.
+    queue_ttl_s: int = Field(default=3600, ge=1)
+    job_timeout_s: int = Field(default=300, ge=1)
+    canceled_ttl_s: int = Field(default=3600, ge=1)
+
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_wait_s: float = Field(default=60.0, ge=0)
+
+    webhook_secret: SecretStr | None = None
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    # Delays before attempt 2, 3, ...: the schedule the README documents.
+    webhook_retry_delays_s: list[float] = Field(default=[1, 5, 30, 120, 600, 1800])
+    webhook_ttl_s: int = Field(default=86400, ge=1)
+
+    # Worker side; `inferq worker` flags override these.
+    device: str = "auto"
+    max_batch: int | None = Field(default=None, ge=1)
+    max_wait_ms: float = Field(default=0.0, ge=0)
+    worker_ttl_s: int = Field(default=30, ge=16)
+    maintenance_interval_s: int = Field(default=30, ge=1)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, read once; tests clear the cache to override."""
+    return Settings()

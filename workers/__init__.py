@@ -1,0 +1,1 @@
+"""The batching inference worker, model handlers, and webhook delivery."""
