@@ -1,13 +1,13 @@
 """inferq's one exception tree; only the API's error handlers (api/errors.py) map it to HTTP.
 
-    AppError
-     ├── ConfigError        bad settings or model config (a startup problem)
-     ├── NotFound           unknown model or job, or an expired one
-     ├── InvalidInput       the client sent something unusable
-     │    └── UnsupportedMedia  not a type this model takes
-     ├── PayloadTooLarge    the body is over the configured limit
-     ├── Conflict           the job is in a state that forbids the operation
-     └── Unavailable        Redis cannot be reached
+AppError
+ ├── ConfigError        bad settings or model config (a startup problem)
+ ├── NotFound           unknown model or job, or an expired one
+ ├── InvalidInput       the client sent something unusable
+ │    └── UnsupportedMedia  not a type this model takes
+ ├── PayloadTooLarge    the body is over the configured limit
+ ├── Conflict           the job is in a state that forbids the operation
+ └── Unavailable        Redis cannot be reached
 """
 
 from __future__ import annotations

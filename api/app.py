@@ -1,0 +1,56 @@
+"""The FastAPI application: ``create_app()`` with a lifespan that owns Redis and the event hub."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis import Redis
+
+from api import errors
+from api.deps import AppState
+from api.events import EventHub
+from api.routers import health, jobs, models
+from shared.errors import ConfigError
+from shared.jobs import QueueCache
+from shared.models import load_model_configs
+from shared.rqjson import refuse_pickle
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API for ``settings`` (the environment's by default)."""
+    settings = settings or get_settings()
+    if not settings.redis_url:
+        raise ConfigError("INFERQ_REDIS_URL is not set (`inferq up` sets it for its children)")
+    redis_url = settings.redis_url
+    model_configs = load_model_configs(settings.models_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        refuse_pickle()
+        connection = Redis.from_url(redis_url, health_check_interval=30)
+        hub = EventHub(redis_url)
+        await hub.start()
+        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub)
+        try:
+            yield
+        finally:
+            await hub.stop()
+            connection.close()
+
+    app = FastAPI(
+        title="inferq",
+        version="0.1.0",
+        summary="Asynchronous inference queue: submit a job, get an ID, collect the result later.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(jobs.router)
+    return app

@@ -1,0 +1,43 @@
+"""FastAPI dependencies: the process's Redis, queues, settings, models and event hub."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from redis import Redis
+
+from api.events import EventHub
+from shared.errors import NotFound
+from shared.jobs import QueueCache
+from shared.models import ModelConfig
+from shared.settings import Settings
+
+
+@dataclass
+class AppState:
+    """Everything a request needs, built once in the app's lifespan."""
+
+    settings: Settings
+    redis: Redis
+    queues: QueueCache
+    models: dict[str, ModelConfig]
+    events: EventHub
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.inferq
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def get_model(model: str, state: State) -> ModelConfig:
+    config = state.models.get(model)
+    if config is None:
+        raise NotFound(f"no model {model!r}; GET /v1/models lists them")
+    return config
+
+
+Model = Annotated[ModelConfig, Depends(get_model)]

@@ -1,0 +1,78 @@
+"""Where errors become HTTP responses: ``{"error": {"code", "message"}}``, nothing else leaks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared import errors
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    errors.NotFound: 404,
+    errors.UnsupportedMedia: 415,
+    errors.InvalidInput: 422,
+    errors.PayloadTooLarge: 413,
+    errors.Conflict: 409,
+    errors.Unavailable: 503,
+}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status, headers=headers)
+
+
+def status_for(exc: errors.AppError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path", "header"))
+    return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid"))
+
+
+def install(app: FastAPI) -> None:
+    """Register the one place that maps exceptions to responses."""
+
+    @app.exception_handler(errors.AppError)
+    async def app_error(_: Request, exc: errors.AppError) -> JSONResponse:
+        return error_response(status_for(exc), exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [_describe(e) for e in exc.errors()]
+        return error_response(422, "invalid_request", "; ".join(details) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
+        # The message may carry the Redis URL; never echo it.
+        log.warning("Redis unavailable: %s", type(exc).__name__)
+        return error_response(503, "unavailable", "the job store is unavailable; retry shortly")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", "internal server error")

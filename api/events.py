@@ -1,0 +1,86 @@
+"""One pub/sub subscriber per API process, fanning job events out to waiting requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared import keys
+
+log = logging.getLogger(__name__)
+
+
+class EventHub:
+    """Wakes the requests waiting on a job when its event arrives on ``keys.EVENTS_CHANNEL``."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+        self._waiters: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="inferq-events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.contextmanager
+    def subscribe(self, job_id: str) -> Iterator[asyncio.Queue[dict[str, Any]]]:
+        """A queue that receives every event of ``job_id`` while the block runs."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._waiters.setdefault(job_id, set()).add(queue)
+        try:
+            yield queue
+        finally:
+            waiters = self._waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(queue)
+                if not waiters:
+                    del self._waiters[job_id]
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(v) for v in self._waiters.values())
+
+    async def _listen(self) -> None:
+        backoff_s = 0.1
+        while True:
+            client = aioredis.Redis.from_url(self.redis_url)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe(keys.EVENTS_CHANNEL)
+                    self.connected.set()
+                    backoff_s = 0.1
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self._dispatch(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Waiters re-read the job on their own timer, so a missed event only delays them.
+                self.connected.clear()
+                log.warning("event subscriber lost Redis (%s); reconnecting", type(exc).__name__)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+            finally:
+                await client.aclose()
+
+    def _dispatch(self, data: bytes | str) -> None:
+        try:
+            event = json.loads(data)
+            waiters = self._waiters.get(event["id"], ())
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed event %r", data[:200])
+            return
+        for queue in list(waiters):
+            queue.put_nowait(event)

@@ -1,0 +1,205 @@
+"""Turning a request into a checked Submission: size limits, image headers, tensors, Prefer."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import warnings
+from typing import Any
+
+from fastapi import Request
+from PIL import Image, UnidentifiedImageError
+from pydantic import AnyHttpUrl, TypeAdapter, ValidationError
+from starlette.datastructures import UploadFile
+
+from shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
+from shared.jobs import Submission
+from shared.models import ImageInput, ModelConfig, TensorInput
+from shared.settings import Settings
+
+_URL = TypeAdapter(AnyHttpUrl)
+_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNORECASE)
+_FORM_FIELDS = {"file", "webhook", "result_ttl"}
+_JSON_FIELDS = {"inputs", "webhook", "result_ttl"}
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The whole body, refusing it as soon as it passes the limit (chunked bodies too)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_body_bytes}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise PayloadTooLarge(f"request body is over the limit of {max_body_bytes} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    # Starlette's form parser reads the cached body instead of the consumed stream.
+    request._body = body
+    return body
+
+
+def parse_wait(value: str | None, max_wait_s: float, source: str) -> float:
+    """Seconds to wait, from ``Prefer: wait=N`` or ``?wait=N``; 0 when absent."""
+    if value is None or value == "":
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InvalidInput(f"{source}: wait must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds < 0 or seconds > max_wait_s:
+        raise InvalidInput(f"{source}: wait must be between 0 and {max_wait_s:g} seconds, got {value!r}")
+    return seconds
+
+
+def prefer_wait(header: str | None, max_wait_s: float) -> float:
+    if not header:
+        return 0.0
+    match = _PREFER_WAIT.search(header)
+    return parse_wait(match.group(1), max_wait_s, "Prefer") if match else 0.0
+
+
+def _webhook(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 2048:
+        raise InvalidInput("webhook must be an http(s) URL of at most 2048 characters")
+    try:
+        return str(_URL.validate_python(value))
+    except ValidationError:
+        raise InvalidInput(f"webhook must be an http(s) URL, got {value[:100]!r}") from None
+
+
+def _result_ttl(value: Any, settings: Settings) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput("result_ttl must be a whole number of seconds")
+    try:
+        ttl = int(value)
+        if isinstance(value, float) and ttl != value:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidInput(f"result_ttl must be a whole number of seconds, got {str(value)[:50]!r}") from None
+    if not 1 <= ttl <= settings.max_result_ttl_s:
+        raise InvalidInput(f"result_ttl must be between 1 and {settings.max_result_ttl_s} seconds")
+    return ttl
+
+
+def check_image(data: bytes, settings: Settings) -> str:
+    """Read only the image header: the format Pillow found, or a 415/422."""
+    if not data:
+        raise InvalidInput("the image is empty")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                fmt = image.format or "unknown"
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InvalidInput(f"the image has too many pixels (limit {settings.max_image_pixels})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, ...)") from None
+    if width * height > settings.max_image_pixels:
+        raise InvalidInput(
+            f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"
+        )
+    return fmt
+
+
+def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
+    """The shape of a nested JSON list of finite numbers, checked against the dtype."""
+    if isinstance(value, list):
+        if not value:
+            return [0]
+        shapes = [tensor_shape(v, dtype, f"{where}[{i}]") for i, v in enumerate(value)]
+        if any(shape != shapes[0] for shape in shapes):
+            raise InvalidInput(f"{where} is ragged: its rows have different shapes")
+        return [len(value), *shapes[0]]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{where} must be a number, got {type(value).__name__}")
+    if dtype == "int64" and not isinstance(value, int):
+        raise InvalidInput(f"{where} must be an integer for an int64 model")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{where} is not a finite number")
+    return []
+
+
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the body is not valid JSON: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+async def parse_submission(request: Request, config: ModelConfig, body: bytes, settings: Settings) -> Submission:
+    """Check a job request for ``config`` and turn it into a Submission."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if isinstance(config.input, TensorInput):
+        if content_type != "application/json":
+            raise UnsupportedMedia(f"model {config.name} takes a JSON body {{'inputs': [...]}}")
+        return _tensor_submission(config, config.input, body, settings)
+    if content_type == "multipart/form-data":
+        return await _multipart_submission(request, config, settings)
+    if content_type.startswith("image/") or content_type == "application/octet-stream":
+        check_image(body, settings)
+        return Submission(config.name, body, content_type)
+    raise UnsupportedMedia(
+        f"model {config.name} takes an image: multipart/form-data with a 'file' field, or an image/* body"
+    )
+
+
+def _tensor_submission(config: ModelConfig, spec: TensorInput, body: bytes, settings: Settings) -> Submission:
+    data = _json_body(body)
+    if not isinstance(data, dict) or "inputs" not in data:
+        raise InvalidInput("the body must be a JSON object with an 'inputs' array")
+    unknown = set(data) - _JSON_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
+    shape = tensor_shape(data["inputs"], spec.dtype)
+    if shape != spec.shape:
+        raise InvalidInput(f"inputs has shape {shape}; model {config.name} takes {spec.shape}")
+    payload = json.dumps({"inputs": data["inputs"]}).encode()
+    return Submission(
+        config.name,
+        payload,
+        "application/json",
+        webhook=_webhook(data.get("webhook")),
+        result_ttl_s=_result_ttl(data.get("result_ttl"), settings),
+    )
+
+
+async def _multipart_submission(request: Request, config: ModelConfig, settings: Settings) -> Submission:
+    assert isinstance(config.input, ImageInput)
+    try:
+        form = await request.form(max_files=1, max_fields=10)
+    except Exception as exc:  # Starlette raises its own types for malformed multipart
+        raise InvalidInput(f"malformed multipart body: {exc}") from None
+    try:
+        unknown = set(form.keys()) - _FORM_FIELDS
+        if unknown:
+            raise InvalidInput(f"unknown form fields: {', '.join(sorted(unknown))}")
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidInput("the form needs a 'file' field holding the image")
+        data = await upload.read()
+        check_image(data, settings)
+        webhook = form.get("webhook")
+        result_ttl = form.get("result_ttl")
+        return Submission(
+            config.name,
+            data,
+            upload.content_type or "application/octet-stream",
+            webhook=_webhook(webhook if isinstance(webhook, str) else None),
+            result_ttl_s=_result_ttl(result_ttl if isinstance(result_ttl, str) else None, settings),
+        )
+    finally:
+        await form.close()

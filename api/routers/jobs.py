@@ -1,0 +1,178 @@
+"""Jobs: submit, read (optionally waiting), stream events, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from api.deps import AppState, Model, State
+from api.inputs import parse_submission, parse_wait, prefer_wait, read_body
+from api.schemas import ERRORS, JobAccepted, JobPublic
+from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
+
+router = APIRouter(tags=["jobs"])
+# Waiters re-read the job this often even without an event, so a lost event only delays them.
+RECHECK_S = 5.0
+SSE_KEEPALIVE_S = 15.0
+
+_SUBMIT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "webhook": {"type": "string", "format": "uri"},
+                        "result_ttl": {"type": "integer", "minimum": 1},
+                    },
+                }
+            },
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": {"type": "array", "items": {}},
+                        "webhook": {"type": "string", "format": "uri"},
+                        "result_ttl": {"type": "integer", "minimum": 1},
+                    },
+                    "additionalProperties": False,
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+def _urls(request: Request, job_id: str) -> dict[str, str]:
+    base = str(request.base_url).rstrip("/")
+    return {
+        "self": f"{base}/v1/jobs/{job_id}",
+        "events": f"{base}/v1/jobs/{job_id}/events",
+        "cancel": f"{base}/v1/jobs/{job_id}/cancel",
+    }
+
+
+async def _view(state: AppState, job_id: str) -> dict[str, Any]:
+    return await run_in_threadpool(get_job_view, state.redis, job_id)
+
+
+async def wait_for_end(state: AppState, job_id: str, timeout_s: float) -> dict[str, Any]:
+    """The job's view once it is terminal, or as it is when ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    with state.events.subscribe(job_id) as events:
+        # Subscribed before reading, so an end between the read and the wait is not missed.
+        view = await _view(state, job_id)
+        while view["status"] not in TERMINAL:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=min(left, RECHECK_S))
+                if event.get("status") not in TERMINAL:
+                    continue
+            except TimeoutError:
+                pass
+            view = await _view(state, job_id)
+    return view
+
+
+@router.post(
+    "/v1/models/{model}/jobs",
+    status_code=202,
+    response_model=JobAccepted,
+    responses={200: {"model": JobPublic, "description": "finished within Prefer: wait"}, **ERRORS},
+    openapi_extra=_SUBMIT_BODY,
+)
+async def submit_job(
+    request: Request,
+    config: Model,
+    state: State,
+    prefer: Annotated[str | None, Header(description="wait=N: hold up to N seconds for the result")] = None,
+) -> JSONResponse:
+    """Queue one input for the model; answers 202 with the job ID at once."""
+    settings = state.settings
+    wait_s = prefer_wait(prefer, settings.max_wait_s)
+    body = await read_body(request, settings.max_body_bytes)
+    submission = await parse_submission(request, config, body, settings)
+    job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
+    urls = _urls(request, job.id)
+    headers = {"Location": urls["self"]}
+    if wait_s > 0:
+        headers["Preference-Applied"] = f"wait={wait_s:g}"
+        view = await wait_for_end(state, job.id, wait_s)
+        if view["status"] in TERMINAL:
+            return JSONResponse(view, status_code=200, headers=headers)
+    accepted = {
+        "id": job.id,
+        "status": public_status(job.get_status(refresh=False)),
+        "model": config.name,
+        "created_at": isoformat(job.created_at),
+        "urls": urls,
+    }
+    return JSONResponse(accepted, status_code=202, headers=headers)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobPublic, responses=ERRORS)
+async def get_job(
+    job_id: str,
+    state: State,
+    wait: Annotated[str | None, Query(description="seconds to hold the request until the job ends")] = None,
+) -> dict[str, Any]:
+    """The job's status, and its result or error once it ended."""
+    wait_s = parse_wait(wait, state.settings.max_wait_s, "wait")
+    if wait_s > 0:
+        return await wait_for_end(state, job_id, wait_s)
+    return await _view(state, job_id)
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
+async def cancel(job_id: str, state: State) -> dict[str, Any]:
+    """Cancel a queued or running job; a job that already ended answers 409."""
+    await run_in_threadpool(cancel_job, state.queues, state.settings, job_id)
+    return await _view(state, job_id)
+
+
+def _sse(view: dict[str, Any]) -> str:
+    return f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
+
+
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    responses={200: {"content": {"text/event-stream": {}}}, **ERRORS},
+    response_class=StreamingResponse,
+)
+async def job_events(job_id: str, request: Request, state: State) -> StreamingResponse:
+    """Server-Sent Events: one per status change, ending with the terminal one."""
+    first = await _view(state, job_id)  # 404 before the stream starts
+
+    async def stream() -> AsyncIterator[str]:
+        with state.events.subscribe(job_id) as events:
+            view = await _view(state, job_id)
+            yield _sse(view)
+            last = view["status"]
+            while last not in TERMINAL:
+                if await request.is_disconnected():
+                    return
+                try:
+                    await asyncio.wait_for(events.get(), timeout=SSE_KEEPALIVE_S)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                view = await _view(state, job_id)
+                if view["status"] != last:
+                    last = view["status"]
+                    yield _sse(view)
+
+    del first
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

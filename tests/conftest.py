@@ -1,0 +1,80 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from shared.redis_server import RedisServer
+from shared.settings import get_settings
+from tests.stack import ROOT, Stack, new_stack
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One private redis-server for the session; never the machine's own Redis on 6379."""
+    # No AOF: tests do not need durability, and fsyncs would only slow them down.
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of the session's redis-server."""
+    return redis_server.url
+
+
+@pytest.fixture(name="redis")
+def redis_client(redis_url: str) -> Iterator[redis_py.Redis]:
+    """A bytes client on an empty database."""
+    client = redis_py.Redis.from_url(redis_url)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """Re-read settings per test, so monkeypatched INFERQ_* variables take effect."""
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A private Redis, the API, a digits worker and the webhook sender, as real processes."""
+    running = new_stack(tmp_path_factory.mktemp("stack"), INFERQ_TEST_SLOW_S="1.5")
+    try:
+        running.start_api()
+        running.start_worker("digits")
+        running.start("webhooks", name="webhooks")
+        running.wait_for_worker("digits")
+        yield running
+    except BaseException:
+        print(running.log_text())
+        raise
+    finally:
+        running.stop_all()
+        running.redis_server.stop()
+
+
+@pytest.fixture(scope="session")
+def digits_heldout() -> tuple[Any, Any]:
+    """The held-out split the digits model never saw in training: (images, labels)."""
+    spec = importlib.util.spec_from_file_location("digits_train", ROOT / "models" / "digits" / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, _, images, labels = module.load_split()
+    return [module.render_png(image) for image in images], [str(int(label)) for label in labels]

@@ -1,0 +1,168 @@
+"""Real processes for end-to-end tests: a private Redis, the API, workers and the webhook sender."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis as redis_py
+
+from shared.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def make_models_dir(target: Path) -> Path:
+    """A model repository for tests: the real digits model under three names, and a tensor model."""
+    target.mkdir(parents=True, exist_ok=True)
+    digits = ROOT / "models" / "digits"
+    for name in ("digits", "digits-batch"):
+        folder = target / name
+        folder.mkdir()
+        shutil.copy(digits / "model.pt", folder / "model.pt")
+        shutil.copy(digits / "config.json", folder / "config.json")
+    slow = target / "slow"
+    slow.mkdir()
+    (slow / "config.json").write_text(
+        json.dumps(
+            {
+                "handler": "tests.support:SlowEcho",
+                "weights": "none",
+                "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+                "max_batch": 8,
+            }
+        )
+    )
+    return target
+
+
+@dataclass
+class Stack:
+    """A running inferq: Redis plus whatever processes a test started."""
+
+    tmp: Path
+    redis_server: RedisServer
+    models_dir: Path
+    port: int
+    env: dict[str, str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis_server.url
+
+    def redis(self) -> redis_py.Redis:
+        return redis_py.Redis.from_url(self.redis_url)
+
+    def start(self, *args: str, name: str) -> subprocess.Popen[bytes]:
+        log_path = self.tmp / f"{name}.{len(self.logs)}.log"
+        log_file = log_path.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferq", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        log_file.close()
+        self.procs.append(proc)
+        self.logs.append(log_path)
+        return proc
+
+    def start_api(self) -> None:
+        self.start("api", "--port", str(self.port), name="api")
+        wait_until(lambda: _ready(self.base), 30, "the API to answer /readyz")
+
+    def start_worker(self, *models: str, extra: Iterable[str] = (), name: str = "worker") -> subprocess.Popen[bytes]:
+        args = ["worker"]
+        for model in models:
+            args += ["--model", model]
+        return self.start(*args, *extra, name=name)
+
+    def run_burst(self, *models: str, extra: Iterable[str] = ()) -> str:
+        """Run a worker that drains the queue and quits; its log."""
+        proc = self.start_worker(*models, extra=["--burst", *extra], name="burst")
+        proc.wait(timeout=60)
+        return self.logs[self.procs.index(proc)].read_text()
+
+    def wait_for_worker(self, model: str, timeout_s: float = 30) -> None:
+        """Until a worker listening on the model's queue has registered in Redis."""
+        client = self.redis()
+        try:
+            wait_until(
+                lambda: any(
+                    f"inferq.{model}".encode() in (client.hget(key, "queues") or b"")
+                    for key in client.smembers("rq:workers")
+                ),
+                timeout_s,
+                f"a worker for {model}",
+            )
+        finally:
+            client.close()
+
+    def log_text(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in self.logs)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def new_stack(tmp: Path, **env_overrides: str) -> Stack:
+    server = RedisServer(tmp / "redis", appendonly=False)
+    server.start()
+    models_dir = make_models_dir(tmp / "models")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")} | {
+        "INFERQ_REDIS_URL": server.url,
+        "INFERQ_MODELS_DIR": str(models_dir),
+        "INFERQ_PORT": str(port),
+        "INFERQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "INFERQ_WEBHOOK_RETRY_DELAYS_S": "[1, 1, 1]",
+        "PYTHONPATH": str(ROOT),
+        **env_overrides,
+    }
+    return Stack(tmp, server, models_dir, port, env)
+
+
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
