@@ -6,7 +6,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis, WatchError
 from redis.client import Pipeline
@@ -124,7 +124,7 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
         pipe.expire(keys.info_key(job_id), live_s + max(result_ttl_s, settings.failure_ttl_s))
         queue.enqueue_job(job, pipeline=pipe)
         pipe.execute()
-    return job
+    return cast(JSONJob, job)
 
 
 def enqueue_webhook(queues: QueueCache, settings: Settings, pipe: Pipeline, job_id: str) -> None:
@@ -193,7 +193,7 @@ def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
 
 
 def _timings(info: dict[str, str]) -> dict[str, float] | None:
-    timings = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
+    timings: dict[str, float] = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
     return timings or None
 
 
@@ -213,7 +213,7 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
             try:
                 # WATCH: the worker finishing this job at the same moment must not be overwritten.
                 pipe.watch(job_key)
-                raw = connection.hgetall(job_key)
+                raw = cast(dict[bytes, bytes], connection.hgetall(job_key))
                 if not raw or b"status" not in raw:
                     raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
                 job = JSONJob(job_id, connection=connection)
@@ -221,7 +221,7 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
                 status = public_status(job.get_status(refresh=False))
                 if status in TERMINAL:
                     raise Conflict(f"job {job_id} is already {status}")
-                model = connection.hget(keys.info_key(job_id), "model")
+                model = cast(bytes | None, connection.hget(keys.info_key(job_id), "model"))
                 model_name = model.decode() if model else keys.model_from_queue(job.origin)
                 webhook = connection.hexists(keys.info_key(job_id), "webhook")
                 pipe.multi()

@@ -10,7 +10,7 @@ run code in our processes. Every inferq Queue, Job and Worker uses these JSON cl
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from redis import Redis
 from rq.job import Job
@@ -51,4 +51,4 @@ class JSONQueue(Queue):
 
 def fetch_job(job_id: str, connection: Redis) -> JSONJob:
     """Job.fetch with the JSON serializer (raises rq.exceptions.NoSuchJobError)."""
-    return JSONJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    return cast(JSONJob, JSONJob.fetch(job_id, connection=connection, serializer=JSONSerializer))

@@ -25,10 +25,11 @@ pytestmark = pytest.mark.e2e
 
 
 class Receiver:
-    """A local webhook receiver that fails each message's first delivery with a 500."""
+    """A local webhook receiver; by default it fails each message's first delivery with a 500."""
 
-    def __init__(self) -> None:
+    def __init__(self, statuses: list[int] | None = None) -> None:
         self.deliveries: list[dict[str, Any]] = []
+        self.statuses = statuses
         self.port = free_port()
         receiver = self
 
@@ -38,7 +39,15 @@ class Receiver:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 first = not any(d["headers"]["webhook-id"] == headers["webhook-id"] for d in receiver.deliveries)
                 receiver.deliveries.append({"headers": headers, "body": body})
-                self.send_response(500 if first else 204)
+                if receiver.statuses is not None:
+                    status = receiver.statuses[min(len(receiver.deliveries), len(receiver.statuses)) - 1]
+                else:
+                    status = 500 if first else 204
+                self.send_response(status)
+                if status in (301, 302, 307):
+                    self.send_header("Location", receiver.url)
+                if status == 429:
+                    self.send_header("Retry-After", "0")
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
@@ -103,6 +112,54 @@ def test_webhook_is_signed_retried_after_a_500_and_recorded(
     assert view(stack, job_id)["webhook"]["url"] == receiver.url
 
 
+@pytest.mark.parametrize(
+    ("statuses", "codes", "outcomes"),
+    [
+        ([404], [404], ["gave up"]),  # a 4xx other than 408/429 is final
+        ([302], [302], ["gave up"]),  # redirects are not followed
+        ([429, 200], [429, 200], ["retrying", "delivered"]),  # Retry-After: 0 is honoured
+    ],
+)
+def test_webhook_retry_policy(stack: Stack, statuses: list[int], codes: list[int], outcomes: list[str]) -> None:
+    receiver = Receiver(statuses)
+    try:
+        job_id = submit_tensor(stack, [1, 2], webhook=receiver.url)
+        stack.run_burst("slow")
+
+        def settled() -> bool:
+            attempts = view(stack, job_id)["webhook"]["attempts"]
+            return len(attempts) == len(outcomes) and attempts[-1]["outcome"] != "retrying"
+
+        wait_until(settled, 20, "the delivery to settle")
+        time.sleep(1.5)  # nothing more may arrive
+        attempts = view(stack, job_id)["webhook"]["attempts"]
+        assert [a["status_code"] for a in attempts] == codes
+        assert [a["outcome"] for a in attempts] == outcomes
+        assert len(receiver.deliveries) == len(codes)
+    finally:
+        receiver.close()
+
+
+def test_one_pubsub_subscriber_serves_every_waiting_request(stack: Stack) -> None:
+    ids = [submit_tensor(stack, [i, i]) for i in range(6)]
+    with httpx.Client(base_url=stack.base, timeout=30) as client:
+        results: list[dict[str, Any]] = []
+        threads = [
+            threading.Thread(target=lambda i=i: results.append(client.get(f"/v1/jobs/{i}", params={"wait": 20}).json()))
+            for i in ids
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        redis = stack.redis()
+        assert redis.pubsub_numsub("inferq:events") == [(b"inferq:events", 1)]
+        redis.close()
+        stack.run_burst("slow")
+        for thread in threads:
+            thread.join(timeout=30)
+    assert sorted(r["result"]["output"][0] for r in results) == [float(i) for i in range(6)]
+
+
 def test_cancel_a_queued_job_and_it_never_runs(stack: Stack) -> None:
     job_id = submit_tensor(stack, [1, 2])
     response = httpx.post(f"{stack.base}/v1/jobs/{job_id}/cancel")
@@ -154,9 +211,9 @@ def test_waiting_jobs_run_as_one_batch_and_a_corrupt_image_fails_alone(
     pngs, labels = digits_heldout
     good = list(range(7))
     ids = [
-        httpx.post(
-            f"{stack.base}/v1/models/digits-batch/jobs", files={"file": ("d.png", pngs[i], "image/png")}
-        ).json()["id"]
+        httpx.post(f"{stack.base}/v1/models/digits-batch/jobs", files={"file": ("d.png", pngs[i], "image/png")}).json()[
+            "id"
+        ]
         for i in good
     ]
     truncated = pngs[7][: len(pngs[7]) // 2]  # a valid header, a broken body: only the worker can tell

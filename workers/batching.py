@@ -103,7 +103,7 @@ def readable(exc: BaseException) -> str:
 class BatchWorker(SimpleWorker):
     """An RQ SimpleWorker that runs each model on batches of the jobs waiting for it."""
 
-    queue_class = JSONQueue
+    queue_class = JSONQueue  # type: ignore[assignment]
     job_class = JSONJob
 
     def __init__(
@@ -294,9 +294,8 @@ class BatchWorker(SimpleWorker):
                         pipe.hincrby(self.key, "successful_job_count", succeeded)
                     if failed:
                         pipe.hincrby(self.key, "failed_job_count", failed)
-                    pipe.hincrbyfloat(
-                        self.key, "total_working_time", (ended_at - items[0].job.started_at).total_seconds()
-                    )  # type: ignore[operator]
+                    started_at = items[0].job.started_at or ended_at
+                    pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
                     self.set_current_job_id(None, pipeline=pipe)
                     self.set_state(WorkerStatus.IDLE, pipeline=pipe)
                     pipe.execute()

@@ -8,7 +8,7 @@ correct, unbatched answer from it.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rq import get_current_job
@@ -35,8 +35,8 @@ def infer(model: str) -> Any:
     if job is None:
         raise RuntimeError("infer() runs inside an RQ job")
     connection = job.connection
-    payload = connection.get(keys.payload_key(job.id))
-    content_type = connection.hget(keys.info_key(job.id), "content_type") or b""
+    payload = cast(bytes | None, connection.get(keys.payload_key(job.id)))
+    content_type = cast(bytes, connection.hget(keys.info_key(job.id), "content_type") or b"")
     if payload is None:
         raise InvalidInput("the job's input expired before it ran")
     handler = _handler(model)

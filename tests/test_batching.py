@@ -1,0 +1,90 @@
+"""The batching worker in-process against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+import torch
+
+from shared import keys
+from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
+from shared.models import ModelConfig, TensorInput
+from shared.rqjson import JSONJob
+from shared.settings import Settings
+from tests.counting import CountingConnection, counting_client
+from tests.support import SlowEcho
+from workers.batching import BatchWorker, ModelRunner
+
+
+def _runner(max_batch: int = 16) -> ModelRunner:
+    config = ModelConfig(
+        name="echo",
+        path=Path("."),
+        handler="tests.support:SlowEcho",
+        input=TensorInput(shape=[2], dtype="float32"),
+        max_batch=max_batch,
+    )
+    handler = SlowEcho(config, torch.device("cpu"))
+    handler.load()
+    return ModelRunner(config, handler, torch.device("cpu"), max_batch)
+
+
+@pytest.fixture
+def settings(redis_url: str) -> Settings:
+    return Settings(redis_url=redis_url)
+
+
+def _submit(redis: redis_py.Redis, settings: Settings, values: list[float]) -> str:
+    payload = json.dumps({"inputs": values}).encode()
+    return enqueue_job(QueueCache(redis), settings, Submission("echo", payload, "application/json")).id
+
+
+def test_a_burst_runs_everything_waiting_as_batches_of_max_batch(redis: redis_py.Redis, settings: Settings) -> None:
+    ids = [_submit(redis, settings, [i, -i]) for i in range(10)]
+    worker = BatchWorker({"echo": _runner(max_batch=4)}, connection=redis, settings=settings, name="t1")
+    worker.work(burst=True)
+    views = [get_job_view(redis, i) for i in ids]
+    assert [v["result"] for v in views] == [{"output": [float(i), float(-i)]} for i in range(10)]
+    assert [v["batch_size"] for v in views] == [4] * 8 + [2] * 2
+    assert worker.batches_run == 3
+    assert redis.llen("rq:queue:inferq.echo:intermediate") == 0
+    assert redis.zcard("rq:wip:inferq.echo") == 0
+    assert redis.zcard("rq:finished:inferq.echo") == 10
+    assert all(redis.exists(keys.payload_key(i)) == 0 for i in ids)
+
+
+def test_redis_round_trips_per_batch_do_not_grow_with_batch_size(redis_url: str, settings: Settings) -> None:
+    counts = {}
+    for size in (1, 32):
+        client = counting_client(redis_url)
+        client.flushall()
+        for i in range(size):
+            _submit(client, settings, [i, i])
+        worker = BatchWorker({"echo": _runner(max_batch=64)}, connection=client, settings=settings, name=f"rt{size}")
+        queue = worker.queues[0]
+        job = JSONJob.fetch(client.lmove(queue.key, queue.intermediate_queue_key).decode(), connection=client)
+        CountingConnection.sent = 0
+        worker.execute_job(job, queue)
+        counts[size] = CountingConnection.sent
+        assert worker.batches_run == 1
+        client.close()
+    assert counts[1] == counts[32], counts
+    print("round trips per batch:", counts)
+
+
+def test_expired_and_canceled_jobs_are_dropped_from_a_batch(redis: redis_py.Redis, settings: Settings) -> None:
+    from shared.jobs import cancel_job
+
+    live = _submit(redis, settings, [1, 1])
+    expired = _submit(redis, settings, [2, 2])
+    canceled = _submit(redis, settings, [3, 3])
+    redis.delete(JSONJob.key_for(expired))  # as if its queue TTL passed
+    cancel_job(QueueCache(redis), settings, canceled)
+    worker = BatchWorker({"echo": _runner()}, connection=redis, settings=settings, name="t3")
+    worker.work(burst=True)
+    assert get_job_view(redis, live)["batch_size"] == 1
+    assert get_job_view(redis, canceled)["status"] == "canceled"
+    assert redis.llen("rq:queue:inferq.echo:intermediate") == 0

@@ -1,0 +1,160 @@
+"""docker-compose.yml and the Dockerfile agree with the CLI (parsed only: no Docker needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferq.cli import COMMANDS, build_parser
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models")
+
+
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services = _compose()["services"]
+    assert isinstance(services, dict)
+    return services
+
+
+def _argv(command: str | list[str] | None) -> list[str]:
+    if command is None:
+        return []
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def _inferq_services() -> list[tuple[str, list[str]]]:
+    return [(name, argv) for name, svc in _services().items() if (argv := _argv(svc.get("command")))[:1] == ["inferq"]]
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with comments dropped and continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, rest = line.partition(" ")
+            out.append((instruction.upper(), rest.strip()))
+    return out
+
+
+def test_services_exist() -> None:
+    assert {"redis", "api", "worker", "webhooks", "dashboard"} <= set(_services())
+
+
+def test_inferq_services_are_the_expected_ones() -> None:
+    assert {name for name, _ in _inferq_services()} == {"api", "worker", "webhooks"}
+
+
+@pytest.mark.parametrize("name", ["api", "worker", "webhooks"])
+def test_inferq_commands_parse(name: str) -> None:
+    argv = dict(_inferq_services())[name]
+    parser = build_parser()
+    assert argv[1] in COMMANDS, f"{name}: unknown subcommand {argv[1]!r}"
+    try:
+        args = parser.parse_args(argv[1:])
+    except SystemExit as exc:  # argparse exits on a bad argument list
+        pytest.fail(f"{name}: `{shlex.join(argv)}` does not parse (exit {exc.code})")
+    assert args.command == argv[1]
+
+
+def test_inferq_services_share_the_environment() -> None:
+    services = _services()
+    envs = [services[name]["environment"] for name, _ in _inferq_services()]
+    assert all(env == envs[0] for env in envs)
+    assert envs[0]["INFERQ_REDIS_URL"] == "redis://redis:6379/0"
+    assert "INFERQ_WEBHOOK_SECRET" in envs[0]
+    assert set(envs[0]) <= {f"INFERQ_{key.upper()}" for key in Settings.model_fields} | {"INFERQ_LOG_LEVEL"}
+
+
+def test_api_binds_all_interfaces_and_publishes_its_port() -> None:
+    api = _services()["api"]
+    args = build_parser().parse_args(_argv(api["command"])[1:])
+    assert args.host == "0.0.0.0"
+    assert f"{args.port}:{args.port}" in [str(p) for p in api["ports"]]
+    assert "/healthz" in json.dumps(api["healthcheck"]["test"])
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_redis_is_durable_and_never_evicts() -> None:
+    redis = _services()["redis"]
+    argv = _argv(redis["command"])
+    assert argv[0] == "redis-server"
+    options = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert options["--appendfsync"] == "everysec"
+    assert any(str(v).endswith(":/data") for v in redis["volumes"])
+    assert "ping" in _argv(redis["healthcheck"]["test"])
+    assert set(_compose()["volumes"]) >= {v.split(":")[0] for v in redis["volumes"]}
+
+
+def test_worker_reserves_an_nvidia_gpu() -> None:
+    worker = _services()["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert "cu" in worker["build"]["args"]["TORCH_INDEX_URL"]
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_dashboard_is_behind_a_profile_and_reads_json_jobs() -> None:
+    dashboard = _services()["dashboard"]
+    assert dashboard.get("profiles")
+    env = dashboard["environment"]
+    assert env["RQ_DASHBOARD_REDIS_URL"] == "redis://redis:6379/0"
+    assert str(env["RQ_DASHBOARD_JSON"]).lower() == "true"
+
+
+def test_dockerfile_installs_torch_before_the_project() -> None:
+    instructions = _dockerfile_instructions()
+    assert instructions[0][0] == "FROM" and instructions[0][1].startswith("python:3.11-slim")
+    assert ("ARG", 'TORCH_SPEC="torch==2.13.0"') in instructions
+    assert any(i == "ARG" and a.startswith("TORCH_INDEX_URL") for i, a in instructions)
+    runs = [(n, a) for n, (i, a) in enumerate(instructions) if i == "RUN"]
+    torch_at = next((n for n, a in runs if "pip install" in a and "$TORCH_SPEC" in a), None)
+    # `pip install .`, `pip install ".[extra]"`, ...: the project from the build context.
+    project = [(n, a) for n, a in runs if re.search(r"pip install\b.*\s[\"']?\.(\[[\w,-]*\])?[\"']?(\s|$)", a)]
+    assert torch_at is not None and project, runs
+    assert torch_at < project[0][0]
+    assert all("[" not in a.split("pip install", 1)[1].split("&&")[0] for _, a in project), "no extras in the image"
+
+
+def test_dockerfile_cmd_names_an_inferq_subcommand() -> None:
+    instructions = _dockerfile_instructions()
+    cmd = json.loads([a for i, a in instructions if i == "CMD"][-1])
+    assert cmd[0] == "inferq" and cmd[1] in COMMANDS
+    build_parser().parse_args(cmd[1:])
+    assert ("ENV", "INFERQ_MODELS_DIR=/app/models") in instructions
+    assert ("WORKDIR", "/app") in instructions
+    users = [a for i, a in instructions if i == "USER"]
+    assert users and users[-1] not in ("root", "0")
+
+
+def test_cli_help_lists_every_subcommand() -> None:
+    assert set(COMMANDS) == set(SUBCOMMANDS)
+    result = subprocess.run(
+        [sys.executable, "-m", "inferq", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    # argparse lists the subcommands as {up,api,...} in the usage line and again above their help.
+    choices = re.search(r"\{([a-z,]+)\}", result.stdout)
+    assert choices, result.stdout
+    assert set(choices.group(1).split(",")) == set(SUBCOMMANDS)
+    for name in SUBCOMMANDS:
+        assert re.search(rf"^\s+{name}\s", result.stdout, re.MULTILINE), f"{name} has no help line"
