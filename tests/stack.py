@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import redis as redis_py
 
-from shared.redis_server import RedisServer, free_port
+from shared.redis_server import RedisServer, die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -79,6 +79,7 @@ class Stack:
             env=self.env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,  # a killed test run leaves no orphans
         )
         log_file.close()
         self.procs.append(proc)

