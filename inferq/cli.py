@@ -104,8 +104,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from shared.models import load_model_configs
     from shared.rqjson import refuse_pickle
-    from workers.batching import BatchWorker, ModelRunner
+    from workers.batching import BatchWorker
     from workers.handlers import load_handler, resolve_device
+    from workers.running import ModelRunner
 
     settings = get_settings()
     url = _require_redis(settings)

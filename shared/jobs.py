@@ -228,6 +228,8 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
                 job.ended_at = now()
                 job.cancel(pipeline=pipe)
                 pipe.hset(job_key, "ended_at", utcformat(job.ended_at))
+                # The worker checks this flag before it starts and before it stores a result.
+                pipe.hset(keys.info_key(job_id), "canceled", "1")
                 # RQ leaves a canceled job's hash without a TTL.
                 pipe.expire(job_key, settings.canceled_ttl_s)
                 pipe.expire(keys.info_key(job_id), settings.canceled_ttl_s)

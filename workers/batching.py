@@ -6,98 +6,62 @@ what else is already waiting on its queue (up to the model's ``max_batch``), mar
 started in one transaction, run the model once, and finish them all in one transaction.
 RQ's per-job helpers (``perform_job``, ``handle_job_success``) are never used: they cost
 about 18 round trips per job.
+
+Round trips per batch, in the steady state: the blocking BLMOVE, one script that pops the
+rest and loads every job, one MULTI to start, one read of cancel flags, one MULTI to finish.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import time
-import traceback
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import torch
-from redis import Redis, WatchError
+import redis
+from redis import Redis
+from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
 from rq.job import JobStatus
 from rq.queue import Queue
+from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.errors import AppError
 from shared.jobs import QueueCache, enqueue_webhook, publish_event
-from shared.models import ModelConfig
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.handlers import Handler, move_batch
+from workers.running import Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
 
-# LPOP with a count needs Redis >= 6.2; moving the IDs to RQ's intermediate list in the same
-# script means a worker killed right after the pop leaves them where RQ's maintenance finds them.
-_POP_MORE = """
-local ids = redis.call('LPOP', KEYS[1], ARGV[1])
-if not ids then return {} end
-for _, id in ipairs(ids) do redis.call('RPUSH', KEYS[2], id) end
-return ids
-"""
-# Read every job hash, payload and info hash of a batch in one round trip, under WATCH.
-_LOAD = """
-local n = tonumber(ARGV[1])
+# Pop up to ARGV[1] more IDs into RQ's intermediate list (so a worker killed right after the
+# pop leaves them where RQ's maintenance finds them), then read every job of the batch --
+# ARGV[2..] are IDs already popped -- with its payload and inferq info, in one round trip.
+# LPOP with a count needs Redis >= 6.2.
+_POP_AND_LOAD = """
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+local want = tonumber(ARGV[1])
+if want > 0 then
+  local popped = redis.call('LPOP', KEYS[1], want)
+  if popped then
+    for _, id in ipairs(popped) do
+      redis.call('RPUSH', KEYS[2], id)
+      ids[#ids + 1] = id
+    end
+  end
+end
 local out = {}
-for i = 1, n do
-  out[i] = redis.call('HGETALL', KEYS[i])
-  out[n + i] = redis.call('GET', KEYS[n + i]) or false
-  out[2 * n + i] = redis.call('HGETALL', KEYS[2 * n + i])
+for i, id in ipairs(ids) do
+  out[i] = {id, redis.call('HGETALL', KEYS[3] .. id), redis.call('GET', KEYS[4] .. id) or false,
+            redis.call('HGETALL', KEYS[5] .. id)}
 end
 return out
 """
-_STATUSES = """
-local out = {}
-for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 'status') or false end
-return out
-"""
-
-
-@dataclass
-class Item:
-    """One job of a batch and what happened to it."""
-
-    job: JSONJob
-    payload: bytes | None
-    content_type: str
-    execution: Execution | None = None
-    tensor: torch.Tensor | None = None
-    output: Any = None
-    error: str | None = None
-    traceback: str | None = None
-    info: dict[str, str] = field(default_factory=dict)
-
-    def fail(self, reason: str, exc: BaseException | None = None) -> None:
-        self.error = reason
-        self.traceback = "".join(traceback.format_exception(exc)) if exc is not None else reason
-
-
-@dataclass
-class ModelRunner:
-    """A loaded model and how to batch it."""
-
-    config: ModelConfig
-    handler: Handler
-    device: torch.device
-    max_batch: int
-
-
-def readable(exc: BaseException) -> str:
-    """A short reason a client can read."""
-    if isinstance(exc, AppError):
-        return exc.message
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class BatchWorker(SimpleWorker):
@@ -105,6 +69,8 @@ class BatchWorker(SimpleWorker):
 
     queue_class = JSONQueue  # type: ignore[assignment]
     job_class = JSONJob
+    # RQ calls heartbeat() and checks suspension several times per job; per batch is plenty.
+    suspension_check_interval_s = 1.0
 
     def __init__(
         self,
@@ -130,221 +96,257 @@ class BatchWorker(SimpleWorker):
         self.settings = settings
         self.max_wait_ms = max_wait_ms
         self.queue_cache = QueueCache(connection)
-        self._pop_more = connection.register_script(_POP_MORE)
+        self._pop_and_load = connection.register_script(_POP_AND_LOAD)
+        self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
+        self._suspension_checked_at = -math.inf
         self.batches_run = 0
 
-    # -- RQ hook -------------------------------------------------------------------------
-    def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
-        runner = self.runners[keys.model_from_queue(queue.name)]
-        ids = [job.id, *self._collect(queue, runner.max_batch - 1, job)]
-        items = self._start(ids, queue)
-        if items:
-            self._run(runner, items)
-            self._finish(runner, items, queue)
-        self.batches_run += 1
+    # -- RQ loop, with fewer round trips ---------------------------------------------------
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        recent = self.last_heartbeat and (now() - self.last_heartbeat).total_seconds() < self._heartbeat_every_s
+        if recent and timeout is None:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(timeout, pipeline=pipe)
+            pipe.execute()
+
+    def check_for_suspension(self, burst: bool) -> None:
+        if time.monotonic() - self._suspension_checked_at < self.suspension_check_interval_s:
+            return
+        self._suspension_checked_at = time.monotonic()
+        super().check_for_suspension(burst)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state:
+            return  # the finish transaction already wrote it
+        super().set_state(state, pipeline=pipeline)
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[JSONJob, Queue] | None:
+        """RQ's dequeue for one queue without its per-job fetch: execute_job loads the batch anyway."""
+        if len(self.queues) != 1:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[return-value]
+        queue = self.queues[0]
+        self.set_state(WorkerStatus.IDLE)
+        self.procline(f"Listening on {queue.name}")
+        wait_s = 1.0
+        idle_since = now()
+        idle_left = max_idle_time
+        while True:
+            try:
+                self.heartbeat()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                if timeout is not None and idle_left is not None:
+                    timeout = min(timeout, idle_left)
+                if timeout is None:
+                    job_id = self.connection.lmove(queue.key, queue.intermediate_queue_key)
+                    if job_id is None:
+                        return None
+                else:
+                    job_id = self.connection.blmove(queue.key, queue.intermediate_queue_key, timeout)
+                    if job_id is None:
+                        raise DequeueTimeout(timeout, queue.key)
+                job_text = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
+                return JSONJob(job_text, connection=self.connection), queue
+            except DequeueTimeout:
+                if max_idle_time is not None:
+                    idle_left = math.ceil(max_idle_time - (now() - idle_since).total_seconds())
+                    if idle_left <= 0:
+                        return None
+            except redis.exceptions.ConnectionError as exc:
+                log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, wait_s)
+                time.sleep(wait_s)
+                wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
         return int(job.timeout or self.settings.job_timeout_s) + 60
 
-    # -- collect ---------------------------------------------------------------------------
-    def _collect(self, queue: Queue, want: int, first: JSONJob) -> list[str]:
-        """Pop up to ``want`` more job IDs already waiting; with max_wait_ms, wait for more."""
-        if want <= 0:
-            return []
-        ids = self._pop(queue, want)
-        if self.max_wait_ms > 0 and len(ids) < want:
-            enqueued = first.enqueued_at or now()
-            deadline = enqueued.timestamp() + self.max_wait_ms / 1000.0
-            while len(ids) < want and time.time() < deadline:
-                time.sleep(min(0.002, max(0.0, deadline - time.time())))
-                ids += self._pop(queue, want - len(ids))
-        return ids
+    # -- one batch -------------------------------------------------------------------------
+    def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
+        runner = self.runners[keys.model_from_queue(queue.name)]
+        items, dropped = self._collect(queue, job.id, runner.max_batch)
+        items = self._start(items, dropped, queue)
+        if items:
+            inference_ms = run_batch(runner, items)
+            for item in items:
+                item.info["inference_ms"] = f"{inference_ms:.3f}"
+            self._retrying(lambda: self._finish(runner, items, queue))
+        self.batches_run += 1
 
-    def _pop(self, queue: Queue, count: int) -> list[str]:
-        popped = self._pop_more(keys=[queue.key, queue.intermediate_queue_key], args=[count])
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in popped]
-
-    # -- start -----------------------------------------------------------------------------
-    def _start(self, ids: list[str], queue: Queue) -> list[Item]:
-        """Load the batch and mark every live job started, in one transaction."""
-        job_keys = [JSONJob.key_for(i) for i in ids]
-        payload_keys = [keys.payload_key(i) for i in ids]
-        info_keys = [keys.info_key(i) for i in ids]
-        with self.connection.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    # WATCH: a cancel landing between this read and the start must win.
-                    pipe.watch(*job_keys)
-                    loaded = pipe.execute_command(
-                        "EVAL", _LOAD, 3 * len(ids), *job_keys, *payload_keys, *info_keys, len(ids)
-                    )
-                    items: list[Item] = []
-                    dropped: list[str] = []
-                    for index, job_id in enumerate(ids):
-                        flat = loaded[index]
-                        raw = dict(zip(flat[::2], flat[1::2], strict=True))
-                        status = raw.get(b"status", b"").decode()
-                        if not raw or status != JobStatus.QUEUED:
-                            # Expired while queued, or canceled: it must not run.
-                            dropped.append(job_id)
-                            continue
-                        job = JSONJob(job_id, connection=self.connection)
-                        job.restore(raw)
-                        payload = loaded[len(ids) + index] or None
-                        info = _pairs(loaded[2 * len(ids) + index])
-                        items.append(Item(job, payload, info.get("content_type", ""), info=info))
-                    pipe.multi()
-                    for job_id in dropped:
-                        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-                    self._write_start(pipe, items, queue)
-                    pipe.execute()
-                    return items
-                except WatchError:
-                    continue
-
-    def _write_start(self, pipe: Any, items: list[Item], queue: Queue) -> None:
-        if not items:
-            return
-        heartbeat_ttl = self.get_heartbeat_ttl(items[0].job)
-        for item in items:
-            job = item.job
-            item.execution = Execution.create(job, heartbeat_ttl, pipeline=pipe, worker_name=self.name)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            # A job that started near its queue TTL must not expire mid-run.
-            pipe.expire(job.key, heartbeat_ttl + self.settings.failure_ttl_s)
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            publish_event(pipe, job.id, keys.model_from_queue(queue.name), "started", batch_size=len(items))
-        self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-        self.set_current_job_id(items[0].job.id, pipeline=pipe)
-        self.heartbeat(heartbeat_ttl, pipeline=pipe)
-
-    # -- run -------------------------------------------------------------------------------
-    def _run(self, runner: ModelRunner, items: list[Item]) -> None:
-        """Preprocess per item, one forward pass for the survivors, postprocess per item."""
-        started = time.perf_counter()
-        for item in items:
-            if item.payload is None:
-                item.fail("the job's input expired before it ran")
-                continue
+    def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
+        """Results already computed survive a Redis restart: keep trying to store them."""
+        wait_s, deadline = 0.2, time.monotonic() + give_up_s
+        while True:
             try:
-                item.tensor = runner.handler.preprocess(item.payload, item.content_type)
-            except Exception as exc:  # one bad item fails only its own job
-                item.fail(readable(exc), exc)
-        self._predict(runner, [item for item in items if item.error is None])
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        for item in items:
-            item.info["inference_ms"] = f"{elapsed_ms:.3f}"
-
-    def _predict(self, runner: ModelRunner, items: list[Item]) -> None:
-        """Run a batch; if the whole batch fails, split it so only the guilty item fails."""
-        if not items:
-            return
-        try:
-            batch = move_batch(torch.stack([item.tensor for item in items]), runner.device)  # type: ignore[misc]
-            outputs = runner.handler.predict(batch)
-            if len(outputs) != len(items):
-                raise RuntimeError(f"model returned {len(outputs)} rows for {len(items)} inputs")
-            outputs = outputs.detach().to("cpu")
-        except Exception as exc:
-            if len(items) == 1:
-                log.exception("model failed on job %s", items[0].job.id)
-                items[0].fail(f"model failed on this input: {readable(exc)}", exc)
+                write()
                 return
-            log.warning("batch of %d failed (%s); splitting to isolate the bad item", len(items), exc)
-            half = len(items) // 2
-            self._predict(runner, items[:half])
-            self._predict(runner, items[half:])
-            return
-        for item, row in zip(items, outputs, strict=True):
-            try:
-                output = runner.handler.postprocess(row)
-                json.dumps(output, allow_nan=False)  # the result must be storable as JSON
-                item.output = output
-            except Exception as exc:
-                item.fail(f"could not encode the output: {readable(exc)}", exc)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %s: cannot store results (%s); retrying in %.1f s", self.name, exc, wait_s)
+                time.sleep(wait_s)
+                wait_s = min(wait_s * 2, 5.0)
 
-    # -- finish ----------------------------------------------------------------------------
+    def _collect(self, queue: Queue, first_id: str, max_batch: int) -> tuple[list[Item], list[str]]:
+        """The first job plus what is already waiting; with max_wait_ms, wait for more."""
+        items, dropped = self._load(queue, [first_id], max_batch - 1)
+        if self.max_wait_ms > 0 and len(items) + len(dropped) < max_batch:
+            oldest = min((i.job.enqueued_at for i in items if i.job.enqueued_at), default=now())
+            deadline = oldest.timestamp() + self.max_wait_ms / 1000.0
+            while len(items) + len(dropped) < max_batch and time.time() < deadline:
+                time.sleep(min(0.002, max(0.0, deadline - time.time())))
+                more, more_dropped = self._load(queue, [], max_batch - len(items) - len(dropped))
+                items += more
+                dropped += more_dropped
+        return items, dropped
+
+    def _load(self, queue: Queue, ids: list[str], want: int) -> tuple[list[Item], list[str]]:
+        rows = self._pop_and_load(
+            keys=[
+                queue.key,
+                queue.intermediate_queue_key,
+                JSONJob.redis_job_namespace_prefix,
+                keys.payload_key(""),
+                keys.info_key(""),
+            ],
+            args=[max(0, want), *ids],
+        )
+        items: list[Item] = []
+        dropped: list[str] = []
+        for raw_id, flat_job, payload, flat_info in rows:
+            job_id = raw_id.decode()
+            raw = _pairs(flat_job)
+            info = {k.decode(): v.decode() for k, v in _pairs(flat_info).items()}
+            if raw.get(b"status") != JobStatus.QUEUED.value.encode() or info.get("canceled"):
+                dropped.append(job_id)  # expired while queued, or canceled: it must not run
+                continue
+            job = JSONJob(job_id, connection=self.connection)
+            job.restore(raw)
+            items.append(Item(job, payload or None, info.get("content_type", ""), info=info))
+        return items, dropped
+
+    def _start(self, items: list[Item], dropped: list[str], queue: Queue) -> list[Item]:
+        """Mark every live job started in one transaction; drop any canceled meanwhile."""
+        heartbeat_ttl = self.get_heartbeat_ttl(items[0].job) if items else 60
+        model = keys.model_from_queue(queue.name)
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.multi()  # explicit, so RQ's enqueue helpers see a MULTI already open
+            for item in items:
+                pipe.hget(keys.info_key(item.job.id), "canceled")
+            for job_id in dropped:
+                pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+            for item in items:
+                job = item.job
+                item.execution = Execution.create(job, heartbeat_ttl, pipeline=pipe, worker_name=self.name)
+                job.prepare_for_execution(self.name, pipeline=pipe)
+                # A job that started near its queue TTL must not expire mid-run.
+                pipe.expire(job.key, heartbeat_ttl + self.settings.failure_ttl_s)
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                publish_event(pipe, job.id, model, "started", batch_size=len(items))
+            if items:
+                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+                self.set_current_job_id(items[0].job.id, pipeline=pipe)
+                self.heartbeat(heartbeat_ttl, pipeline=pipe)
+            flags = pipe.execute()[: len(items)]
+        canceled = [item for item, flag in zip(items, flags, strict=True) if flag]
+        if canceled:
+            # Canceled between our read and our start: put them back the way the cancel left them.
+            self._restore_canceled(canceled, model)
+        return [item for item, flag in zip(items, flags, strict=True) if not flag]
+
     def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
         """Store every result, move registries, publish events: one transaction."""
-        job_keys = [item.job.key for item in items]
         ended_at = now()
         for item in items:
             item.job.ended_at = ended_at
-            enqueued = item.job.enqueued_at
-            started = item.job.started_at
-            if enqueued and started:
-                item.info["queue_ms"] = f"{_ms_between(enqueued, started):.3f}"
+            if item.job.enqueued_at and item.job.started_at:
+                item.info["queue_ms"] = f"{_ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
+        with self.connection.pipeline(transaction=False) as pipe:
+            for item in items:
+                pipe.hget(keys.info_key(item.job.id), "canceled")
+            canceled_before = [bool(flag) for flag in pipe.execute()]
         with self.connection.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(*job_keys)
-                    statuses = pipe.execute_command("EVAL", _STATUSES, len(job_keys), *job_keys)
-                    pipe.multi()
-                    succeeded = failed = 0
-                    for item, status in zip(items, statuses, strict=True):
-                        canceled = status in (b"canceled", "canceled")
-                        if not canceled:
-                            self._write_end(pipe, item, len(items), runner)
-                            succeeded += item.error is None
-                            failed += item.error is not None
-                        if item.execution is not None:
-                            item.execution.delete(item.job, pipeline=pipe)
-                        pipe.delete(keys.payload_key(item.job.id))
-                    if succeeded:
-                        pipe.hincrby(self.key, "successful_job_count", succeeded)
-                    if failed:
-                        pipe.hincrby(self.key, "failed_job_count", failed)
-                    started_at = items[0].job.started_at or ended_at
-                    pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
-                    self.set_current_job_id(None, pipeline=pipe)
-                    self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-                    pipe.execute()
-                    return
-                except WatchError:
-                    continue
+            pipe.multi()  # explicit, so enqueue_webhook's RQ helpers do not open a second one
+            # Read again inside the MULTI: a cancel that lands after the read above shows here.
+            for item in items:
+                pipe.hget(keys.info_key(item.job.id), "canceled")
+            succeeded = failed = 0
+            for item, canceled in zip(items, canceled_before, strict=True):
+                if not canceled:
+                    self._write_end(pipe, item, len(items), runner)
+                    succeeded += item.error is None
+                    failed += item.error is not None
+                if item.execution is not None:
+                    item.execution.delete(item.job, pipeline=pipe)
+                pipe.delete(keys.payload_key(item.job.id))
+            if succeeded:
+                pipe.hincrby(self.key, "successful_job_count", succeeded)
+            if failed:
+                pipe.hincrby(self.key, "failed_job_count", failed)
+            started_at = items[0].job.started_at or ended_at
+            pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
+            self.set_current_job_id(None, pipeline=pipe)
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            flags = pipe.execute()[: len(items)]
+        late = [item for item, flag, before in zip(items, flags, canceled_before, strict=True) if flag and not before]
+        if late:
+            self._restore_canceled(late, runner.config.name)
 
     def _write_end(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> None:
         job = item.job
-        model = runner.config.name
         info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
+        execution_args: dict[str, Any] = {
+            "worker_name": self.name,
+            "execution_id": item.execution.id if item.execution else None,
+            "execution_started_at": item.execution.created_at if item.execution else None,
+            "execution_ended_at": job.ended_at,
+        }
         if item.error is None:
-            result_ttl = job.get_result_ttl(self.settings.result_ttl_s)
+            ttl = job.get_result_ttl(self.settings.result_ttl_s)
             job._result = item.output
-            job._handle_success(
-                result_ttl,
-                pipeline=pipe,
-                worker_name=self.name,
-                execution_id=item.execution.id if item.execution else None,
-                execution_started_at=item.execution.created_at if item.execution else None,
-                execution_ended_at=job.ended_at,
-            )
-            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            ttl = result_ttl
+            job._handle_success(ttl, pipeline=pipe, **execution_args)
+            job.cleanup(ttl, pipeline=pipe, remove_from_queue=False)
             status = "finished"
         else:
             info["error"] = item.error
             job.set_status(JobStatus.FAILED, pipeline=pipe)
-            job._handle_failure(
-                item.traceback or item.error,
-                pipe,
-                worker_name=self.name,
-                execution_id=item.execution.id if item.execution else None,
-                execution_started_at=item.execution.created_at if item.execution else None,
-                execution_ended_at=job.ended_at,
-            )
+            job._handle_failure(item.traceback or item.error, pipe, **execution_args)
             ttl = job.failure_ttl or self.settings.failure_ttl_s
             status = "failed"
-        stored = {k: v for k, v in info.items() if k not in ("content_type",)}
-        pipe.hset(keys.info_key(job.id), mapping=stored)
+        info.pop("content_type", None)
+        pipe.hset(keys.info_key(job.id), mapping=info)
         pipe.expire(keys.info_key(job.id), ttl)
         if "webhook" in info:
             pipe.expire(keys.webhook_attempts_key(job.id), ttl)
             enqueue_webhook(self.queue_cache, self.settings, pipe, job.id)
-        publish_event(pipe, job.id, model, status)
+        publish_event(pipe, job.id, runner.config.name, status)
+
+    def _restore_canceled(self, items: list[Item], model: str) -> None:
+        """Undo our writes for jobs a client canceled while we held them: canceled wins."""
+        ttl = self.settings.canceled_ttl_s
+        with self.connection.pipeline(transaction=True) as pipe:
+            for item in items:
+                job = item.job
+                job.set_status(JobStatus.CANCELED, pipeline=pipe)
+                if item.execution is not None:
+                    item.execution.delete(job, pipeline=pipe)
+                pipe.delete(Result.get_key(job.id))
+                pipe.zrem(job.finished_job_registry.key, job.id)
+                pipe.zrem(job.failed_job_registry.key, job.id)
+                pipe.expire(job.key, ttl)
+                pipe.expire(keys.info_key(job.id), ttl)
+                publish_event(pipe, job.id, model, "canceled")
+            pipe.execute()
+        log.info("worker %s: dropped %d result(s) of jobs canceled mid-batch", self.name, len(items))
 
 
-def _pairs(flat: list[bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _ms_between(start: datetime, end: datetime) -> float:
