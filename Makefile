@@ -26,5 +26,10 @@ lint: setup
 	$(BIN)/ruff format --check api shared workers inferq tests
 	$(BIN)/mypy
 
+# The benchmark: JSON, markdown and PNG under bench/results/, table printed at the end.
+bench: setup
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m bench.run
+
 clean:
 	rm -rf $(VENV) .inferq

@@ -1,0 +1,89 @@
+"""Model folders for the benchmark: a ResNet-18-sized CNN at 224x224, the digits demo, a no-op."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.down(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18's shape (11.7 M parameters, 1.8 GFLOPs at 224x224); weights untrained."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+        )
+        layers = []
+        cin = 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class NoOp(nn.Module):
+    """What is left when the model costs nothing: the queue's own overhead."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def build_models(target: Path, resnet_max_batch: int = 16) -> dict[str, Path]:
+    """Write the three model folders under ``target``; returns name -> folder."""
+    target.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    resnet = target / "resnet"
+    resnet.mkdir(exist_ok=True)
+    torch.jit.script(ResNet18().eval()).save(str(resnet / "model.pt"))
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    _config(
+        resnet,
+        "image_classifier",
+        {"kind": "image", "mode": "RGB", "size": [224, 224], **imagenet},
+        resnet_max_batch,
+        labels=None,
+    )
+    digits = target / "digits"
+    digits.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "models" / "digits" / "model.pt", digits / "model.pt")
+    shutil.copy(ROOT / "models" / "digits" / "config.json", digits / "config.json")
+    noop = target / "noop"
+    noop.mkdir(exist_ok=True)
+    torch.jit.script(NoOp()).save(str(noop / "model.pt"))
+    _config(noop, "tensor", {"kind": "tensor", "shape": [4], "dtype": "float32"}, 256, labels=None)
+    return {"resnet": resnet, "digits": digits, "noop": noop}
+
+
+def _config(folder: Path, handler: str, spec: dict[str, object], max_batch: int, labels: list[str] | None) -> None:
+    config = {"handler": handler, "weights": "model.pt", "input": spec, "max_batch": max_batch, "labels": labels}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
