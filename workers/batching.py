@@ -16,24 +16,24 @@ from __future__ import annotations
 import logging
 import math
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from redis import Redis
 from rq.exceptions import DequeueTimeout
-from rq.executions import Execution
 from rq.job import JobStatus
 from rq.queue import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import now
+from rq.utils import now, str_to_date
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.jobs import QueueCache, enqueue_webhook, publish_event
+from shared.jobs import QueueCache, enqueue_webhook, event_message, publish_event
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
+from workers.bookkeeping import QueueBook, write_failure, write_registries, write_start, write_success
 from workers.running import Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,21 @@ for i, id in ipairs(ids) do
             redis.call('HGETALL', KEYS[5] .. id)}
 end
 return out
+"""
+
+# Server-side loops: one command for what would be one command per job.
+_CANCEL_FLAGS = """
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 'canceled') or false end
+return out
+"""
+_LREM_MANY = """
+for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
+return #ARGV
+"""
+_PUBLISH_MANY = """
+for i = 2, #ARGV do redis.call('PUBLISH', ARGV[1], ARGV[i]) end
+return #ARGV - 1
 """
 
 
@@ -97,6 +112,8 @@ class BatchWorker(SimpleWorker):
         self.max_wait_ms = max_wait_ms
         self.queue_cache = QueueCache(connection)
         self._pop_and_load = connection.register_script(_POP_AND_LOAD)
+        self._books: dict[str, QueueBook] = {}
+
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
         self._suspension_checked_at = -math.inf
         self.batches_run = 0
@@ -225,38 +242,40 @@ class BatchWorker(SimpleWorker):
             if raw.get(b"status") != JobStatus.QUEUED.value.encode() or info.get("canceled"):
                 dropped.append(job_id)  # expired while queued, or canceled: it must not run
                 continue
-            job = JSONJob(job_id, connection=self.connection)
-            job.restore(raw)
+            job = _queued_job(job_id, raw, self.connection)
             items.append(Item(job, payload or None, info.get("content_type", ""), info=info))
         return items, dropped
+
+    def _book(self, queue: Queue) -> QueueBook:
+        book = self._books.get(queue.name)
+        if book is None:
+            book = self._books[queue.name] = QueueBook(queue)
+        return book
 
     def _start(self, items: list[Item], dropped: list[str], queue: Queue) -> list[Item]:
         """Mark every live job started in one transaction; drop any canceled meanwhile."""
         heartbeat_ttl = self.get_heartbeat_ttl(items[0].job) if items else 60
         model = keys.model_from_queue(queue.name)
+        book = self._book(queue)
         with self.connection.pipeline(transaction=True) as pipe:
-            pipe.multi()  # explicit, so RQ's enqueue helpers see a MULTI already open
-            for item in items:
-                pipe.hget(keys.info_key(item.job.id), "canceled")
-            for job_id in dropped:
-                pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-            for item in items:
-                job = item.job
-                item.execution = Execution.create(job, heartbeat_ttl, pipeline=pipe, worker_name=self.name)
-                job.prepare_for_execution(self.name, pipeline=pipe)
+            _eval(pipe, _CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
+            _eval(pipe, _LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
+            executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now())
+            for item, execution in zip(items, executions, strict=True):
+                item.execution = execution
                 # A job that started near its queue TTL must not expire mid-run.
-                pipe.expire(job.key, heartbeat_ttl + self.settings.failure_ttl_s)
-                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-                publish_event(pipe, job.id, model, "started", batch_size=len(items))
+                pipe.expire(item.job.key, heartbeat_ttl + self.settings.failure_ttl_s)
+            events = [event_message(i.job.id, model, "started", batch_size=len(items)) for i in items]
+            _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             if items:
                 self.set_state(WorkerStatus.BUSY, pipeline=pipe)
                 self.set_current_job_id(items[0].job.id, pipeline=pipe)
                 self.heartbeat(heartbeat_ttl, pipeline=pipe)
-            flags = pipe.execute()[: len(items)]
+            flags = pipe.execute()[0]
         canceled = [item for item, flag in zip(items, flags, strict=True) if flag]
         if canceled:
             # Canceled between our read and our start: put them back the way the cancel left them.
-            self._restore_canceled(canceled, model)
+            self._restore_canceled(canceled, queue)
         return [item for item, flag in zip(items, flags, strict=True) if not flag]
 
     def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
@@ -266,83 +285,103 @@ class BatchWorker(SimpleWorker):
             item.job.ended_at = ended_at
             if item.job.enqueued_at and item.job.started_at:
                 item.info["queue_ms"] = f"{_ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
-        with self.connection.pipeline(transaction=False) as pipe:
-            for item in items:
-                pipe.hget(keys.info_key(item.job.id), "canceled")
-            canceled_before = [bool(flag) for flag in pipe.execute()]
+        info_keys = [keys.info_key(item.job.id) for item in items]
+        canceled_before = [bool(flag) for flag in _eval(self.connection, _CANCEL_FLAGS, info_keys)]
+        finished: dict[str, int] = {}
+        failed: dict[str, int] = {}
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.multi()  # explicit, so enqueue_webhook's RQ helpers do not open a second one
             # Read again inside the MULTI: a cancel that lands after the read above shows here.
-            for item in items:
-                pipe.hget(keys.info_key(item.job.id), "canceled")
-            succeeded = failed = 0
+            _eval(pipe, _CANCEL_FLAGS, info_keys)
+            events = []
             for item, canceled in zip(items, canceled_before, strict=True):
                 if not canceled:
-                    self._write_end(pipe, item, len(items), runner)
-                    succeeded += item.error is None
-                    failed += item.error is not None
-                if item.execution is not None:
-                    item.execution.delete(item.job, pipeline=pipe)
-                pipe.delete(keys.payload_key(item.job.id))
-            if succeeded:
-                pipe.hincrby(self.key, "successful_job_count", succeeded)
+                    ttl = self._write_end(pipe, item, len(items), runner)
+                    (finished if item.error is None else failed)[item.job.id] = ttl
+                    status = "finished" if item.error is None else "failed"
+                    events.append(event_message(item.job.id, runner.config.name, status))
+            executions = [item.execution for item in items if item.execution is not None]
+            write_registries(pipe, self._book(queue), executions, finished, failed)
+            pipe.delete(*(keys.payload_key(item.job.id) for item in items))
+            if finished:
+                pipe.hincrby(self.key, "successful_job_count", len(finished))
             if failed:
-                pipe.hincrby(self.key, "failed_job_count", failed)
+                pipe.hincrby(self.key, "failed_job_count", len(failed))
             started_at = items[0].job.started_at or ended_at
             pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
+            # Last in the MULTI: whoever is told can already read the result.
+            _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             self.set_current_job_id(None, pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            flags = pipe.execute()[: len(items)]
+            flags = pipe.execute()[0]
         late = [item for item, flag, before in zip(items, flags, canceled_before, strict=True) if flag and not before]
         if late:
-            self._restore_canceled(late, runner.config.name)
+            self._restore_canceled(late, queue)
 
-    def _write_end(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> None:
+    def _write_end(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> int:
+        """The job's RQ result and inferq info; returns the TTL its registry entry gets."""
         job = item.job
         info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
-        execution_args: dict[str, Any] = {
-            "worker_name": self.name,
-            "execution_id": item.execution.id if item.execution else None,
-            "execution_started_at": item.execution.created_at if item.execution else None,
-            "execution_ended_at": job.ended_at,
-        }
         if item.error is None:
             ttl = job.get_result_ttl(self.settings.result_ttl_s)
-            job._result = item.output
-            job._handle_success(ttl, pipeline=pipe, **execution_args)
-            job.cleanup(ttl, pipeline=pipe, remove_from_queue=False)
-            status = "finished"
+            write_success(pipe, job, item.execution, item.output, ttl, self.name)
         else:
             info["error"] = item.error
-            job.set_status(JobStatus.FAILED, pipeline=pipe)
-            job._handle_failure(item.traceback or item.error, pipe, **execution_args)
             ttl = job.failure_ttl or self.settings.failure_ttl_s
-            status = "failed"
+            write_failure(pipe, job, item.execution, item.traceback or item.error, ttl, self.name)
         info.pop("content_type", None)
         pipe.hset(keys.info_key(job.id), mapping=info)
         pipe.expire(keys.info_key(job.id), ttl)
         if "webhook" in info:
             pipe.expire(keys.webhook_attempts_key(job.id), ttl)
             enqueue_webhook(self.queue_cache, self.settings, pipe, job.id)
-        publish_event(pipe, job.id, runner.config.name, status)
+        return int(ttl)
 
-    def _restore_canceled(self, items: list[Item], model: str) -> None:
+    def _restore_canceled(self, items: list[Item], queue: Queue) -> None:
         """Undo our writes for jobs a client canceled while we held them: canceled wins."""
         ttl = self.settings.canceled_ttl_s
+        book = self._book(queue)
+        model = keys.model_from_queue(queue.name)
         with self.connection.pipeline(transaction=True) as pipe:
+            executions = [item.execution for item in items if item.execution is not None]
+            write_registries(pipe, book, executions, {}, {})
             for item in items:
                 job = item.job
                 job.set_status(JobStatus.CANCELED, pipeline=pipe)
-                if item.execution is not None:
-                    item.execution.delete(job, pipeline=pipe)
                 pipe.delete(Result.get_key(job.id))
-                pipe.zrem(job.finished_job_registry.key, job.id)
-                pipe.zrem(job.failed_job_registry.key, job.id)
+                pipe.zrem(book.finished_key, job.id)
+                pipe.zrem(book.failed_key, job.id)
                 pipe.expire(job.key, ttl)
                 pipe.expire(keys.info_key(job.id), ttl)
                 publish_event(pipe, job.id, model, "canceled")
             pipe.execute()
         log.info("worker %s: dropped %d result(s) of jobs canceled mid-batch", self.name, len(items))
+
+
+def _queued_job(job_id: str, raw: dict[bytes, bytes], connection: Redis) -> JSONJob:
+    """The fields of a queued job the batch needs; RQ's full restore() costs more than the model."""
+    job = JSONJob(job_id, connection=connection)
+    job._status = JobStatus.QUEUED
+    job.origin = raw.get(b"origin", b"").decode()
+    job.enqueued_at = _parse_time(raw.get(b"enqueued_at"))
+    job.timeout = int(raw[b"timeout"]) if raw.get(b"timeout") else None
+    job.result_ttl = int(raw[b"result_ttl"]) if raw.get(b"result_ttl") else None
+    job.failure_ttl = int(raw[b"failure_ttl"]) if raw.get(b"failure_ttl") else None
+    return job
+
+
+def _parse_time(value: bytes | None) -> datetime | None:
+    if not value:
+        return None
+    try:  # RQ's format, read without strptime (which cost more than the model here)
+        return datetime.fromisoformat(value.decode().rstrip("Z")).replace(tzinfo=UTC)
+    except ValueError:
+        return str_to_date(value)
+
+
+def _eval(client: Any, script: str, script_keys: list[str], args: list[Any] | None = None) -> Any:
+    # Plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to every pipeline.
+    return client.eval(script, len(script_keys), *script_keys, *(args or []))
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
