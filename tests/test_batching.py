@@ -97,3 +97,35 @@ def test_expired_and_canceled_jobs_are_dropped_from_a_batch(redis: redis_py.Redi
     assert get_job_view(redis, live)["batch_size"] == 1
     assert get_job_view(redis, canceled)["status"] == "canceled"
     assert redis.llen("rq:queue:inferq.echo:intermediate") == 0
+
+
+def test_rq_sees_what_its_own_worker_would_have_written(redis: redis_py.Redis, settings: Settings) -> None:
+    from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+    from rq.results import Result
+    from rq.serializers import JSONSerializer
+
+    from tests.support import POISON
+
+    good = _submit(redis, settings, [1, 2])
+    bad = _submit(redis, settings, [POISON, 0])
+    worker = BatchWorker({"echo": _runner()}, connection=redis, settings=settings, name="fidelity")
+    worker.work(burst=True)
+    args = {"connection": redis, "serializer": JSONSerializer}
+    assert FinishedJobRegistry("inferq.echo", **args).get_job_ids() == [good]
+    assert FailedJobRegistry("inferq.echo", **args).get_job_ids() == [bad]
+    assert StartedJobRegistry("inferq.echo", **args).get_job_ids() == []
+    job = JSONJob.fetch(good, connection=redis, serializer=JSONSerializer)
+    assert job.get_status() == "finished" and job.worker_name == "fidelity"
+    assert job.started_at and job.ended_at and job.ended_at >= job.started_at
+    result = job.latest_result()
+    assert result is not None and result.type == Result.Type.SUCCESSFUL
+    assert result.return_value == {"output": [1.0, 2.0]}
+    assert job.return_value() == {"output": [1.0, 2.0]}
+    failed = JSONJob.fetch(bad, connection=redis, serializer=JSONSerializer)
+    assert failed.get_status() == "failed"
+    failure = failed.latest_result()
+    assert failure is not None and failure.type == Result.Type.FAILED
+    assert "poison value" in (failure.exc_string or "")
+    assert redis.keys("rq:execution:*") == [] and redis.keys("rq:executions:*") == []
+    assert int(redis.hget(worker.key, "successful_job_count")) == 1
+    assert int(redis.hget(worker.key, "failed_job_count")) == 1
