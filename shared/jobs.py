@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from redis import Redis, WatchError
 from redis.client import Pipeline
+from rq.job import Retry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
@@ -90,6 +91,8 @@ class Submission:
     content_type: str
     webhook: str | None = None
     result_ttl_s: int | None = None
+    # Times the job is run again if the worker running it dies; None: the settings' default.
+    retries: int | None = None
 
 
 def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> JSONJob:
@@ -99,6 +102,7 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
     live_s = settings.queue_ttl_s + settings.job_timeout_s + 60
+    retries = settings.job_retries if submission.retries is None else submission.retries
     job = queue.create_job(
         INFER_FUNC,
         kwargs={"model": submission.model},
@@ -108,6 +112,8 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
         failure_ttl=settings.failure_ttl_s,
         timeout=settings.job_timeout_s,
         description=f"{submission.model} inference",
+        # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
+        retry=Retry(max=retries) if retries else None,
     )
     info: dict[str, Any] = {
         "model": submission.model,
@@ -186,7 +192,7 @@ def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
         if result.type == Result.Type.SUCCESSFUL:
             view["result"] = result.return_value
         else:
-            view["error"] = info.get("error") or _last_line(result.exc_string)
+            view["error"] = info.get("error") or _failure_reason(result.exc_string)
     if "webhook" in info:
         view["webhook"] = {"url": info["webhook"], "attempts": [json.loads(a) for a in attempts]}
     return view
@@ -195,6 +201,13 @@ def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
 def _timings(info: dict[str, str]) -> dict[str, float] | None:
     timings: dict[str, float] = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
     return timings or None
+
+
+def _failure_reason(exc_string: str | None) -> str | None:
+    if exc_string and "AbandonedJobError" in exc_string:
+        # RQ's cleanup wrote this: the worker's heartbeat stopped with the job still running.
+        return "the worker running this job died (killed or crashed) and no retries were left"
+    return _last_line(exc_string)
 
 
 def _last_line(text: str | None) -> str | None:

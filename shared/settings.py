@@ -44,7 +44,13 @@ class Settings(BaseSettings):
     max_batch: int | None = Field(default=None, ge=1)
     max_wait_ms: float = Field(default=0.0, ge=0)
     worker_ttl_s: int = Field(default=30, ge=16)
-    maintenance_interval_s: int = Field(default=30, ge=1)
+    # A batch's jobs stay in RQ's started registry this long past the last heartbeat (sent every
+    # third of it); then any worker's maintenance, every maintenance_interval_s, retries them.
+    # Together they bound how long a killed worker's jobs wait: under a minute with these.
+    heartbeat_ttl_s: int = Field(default=20, ge=3)
+    maintenance_interval_s: int = Field(default=15, ge=1)
+    # How often a job is retried when the worker running it dies (models may override).
+    job_retries: int = Field(default=2, ge=0, le=10)
 
 
 @lru_cache

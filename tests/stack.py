@@ -32,18 +32,17 @@ def make_models_dir(target: Path) -> Path:
         folder.mkdir()
         shutil.copy(digits / "model.pt", folder / "model.pt")
         shutil.copy(digits / "config.json", folder / "config.json")
-    slow = target / "slow"
-    slow.mkdir()
-    (slow / "config.json").write_text(
-        json.dumps(
-            {
-                "handler": "tests.support:SlowEcho",
-                "weights": "none",
-                "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
-                "max_batch": 8,
-            }
-        )
-    )
+    for name, retries in (("slow", None), ("fragile", 0)):
+        folder = target / name
+        folder.mkdir()
+        config = {
+            "handler": "tests.support:SlowEcho",
+            "weights": "none",
+            "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+            "max_batch": 8,
+            "retries": retries,
+        }
+        (folder / "config.json").write_text(json.dumps(config))
     return target
 
 
@@ -70,13 +69,13 @@ class Stack:
     def redis(self) -> redis_py.Redis:
         return redis_py.Redis.from_url(self.redis_url)
 
-    def start(self, *args: str, name: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log_path = self.tmp / f"{name}.{len(self.logs)}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "inferq", *args],
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=log_file,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,  # a killed test run leaves no orphans
@@ -90,11 +89,13 @@ class Stack:
         self.start("api", "--port", str(self.port), name="api")
         wait_until(lambda: _ready(self.base), 30, "the API to answer /readyz")
 
-    def start_worker(self, *models: str, extra: Iterable[str] = (), name: str = "worker") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, *models: str, extra: Iterable[str] = (), name: str = "worker", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         args = ["worker"]
         for model in models:
             args += ["--model", model]
-        return self.start(*args, *extra, name=name)
+        return self.start(*args, *extra, name=name, env=env)
 
     def run_burst(self, *models: str, extra: Iterable[str] = ()) -> str:
         """Run a worker that drains the queue and quits; its log."""

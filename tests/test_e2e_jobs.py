@@ -208,7 +208,7 @@ def test_held_out_digits_over_http_are_at_least_95_percent_right(stack: Stack, d
 
 def test_models_and_health(stack: Stack) -> None:
     models = httpx.get(f"{stack.base}/v1/models").json()["models"]
-    assert [m["name"] for m in models] == ["digits", "digits-batch", "slow"]
+    assert [m["name"] for m in models] == ["digits", "digits-batch", "fragile", "slow"]
     digits = httpx.get(f"{stack.base}/v1/models/digits").json()
     assert digits["labels"] == [str(i) for i in range(10)]
     assert digits["max_batch"] == 64 and digits["input"]["size"] == [8, 8]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -26,7 +27,7 @@ from rq.job import JobStatus
 from rq.queue import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import now, str_to_date
+from rq.utils import current_timestamp, now, str_to_date, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
@@ -113,6 +114,7 @@ class BatchWorker(SimpleWorker):
         self.queue_cache = QueueCache(connection)
         self._pop_and_load = connection.register_script(_POP_AND_LOAD)
         self._books: dict[str, QueueBook] = {}
+        self._running: tuple[list[Item], Queue] | None = None
 
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
         self._suspension_checked_at = -math.inf
@@ -181,7 +183,18 @@ class BatchWorker(SimpleWorker):
                 wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
-        return int(job.timeout or self.settings.job_timeout_s) + 60
+        # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.
+        return self.settings.heartbeat_ttl_s
+
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        """A second SIGTERM/SIGINT: give the running batch back to its queue, then exit."""
+        duplicate = self._shutdown_requested_date and now() - self._shutdown_requested_date < timedelta(seconds=1)
+        running, self._running = self._running, None
+        if running is not None and not duplicate:
+            self._give_back(*running)
+        elif running is not None:
+            self._running = running
+        super().request_force_stop(signum, frame)
 
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
@@ -189,11 +202,49 @@ class BatchWorker(SimpleWorker):
         items, dropped = self._collect(queue, job.id, runner.max_batch)
         items = self._start(items, dropped, queue)
         if items:
-            inference_ms = run_batch(runner, items)
+            self._running = (items, queue)
+            stop = threading.Event()
+            beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
+            beat.start()
+            try:
+                inference_ms = run_batch(runner, items)
+            finally:
+                stop.set()
+                beat.join()
             for item in items:
                 item.info["inference_ms"] = f"{inference_ms:.3f}"
+            self._running = None  # from here on a forced stop must not requeue: results are being stored
             self._retrying(lambda: self._finish(runner, items, queue))
         self.batches_run += 1
+
+    def _keep_alive(self, items: list[Item], queue: Queue, stop: threading.Event) -> None:
+        """While the model runs: keep the batch's executions and this worker alive in Redis."""
+        ttl_s = self.settings.heartbeat_ttl_s
+        book = self._book(queue)
+        executions = [item.execution for item in items if item.execution is not None]
+        while not stop.wait(ttl_s / 3):
+            try:
+                with self.connection.pipeline(transaction=False) as pipe:
+                    score = current_timestamp() + ttl_s
+                    pipe.zadd(book.started_key, {e.composite_key: score for e in executions}, xx=True)
+                    for execution in executions:
+                        pipe.expire(execution.key, ttl_s)
+                    pipe.hset(self.key, "last_heartbeat", utcformat(now()))
+                    pipe.expire(self.key, self.worker_ttl + 60)
+                    pipe.execute()
+            except redis.exceptions.RedisError as exc:
+                log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
+
+    def _give_back(self, items: list[Item], queue: Queue) -> None:
+        """Put a batch that will not finish back at the front of its queue, as it was."""
+        book = self._book(queue)
+        with self.connection.pipeline(transaction=True) as pipe:
+            write_registries(pipe, book, [i.execution for i in items if i.execution is not None], {}, {})
+            for item in items:
+                item.job.set_status(JobStatus.QUEUED, pipeline=pipe)
+            pipe.lpush(queue.key, *(item.job.id for item in reversed(items)))
+            pipe.execute()
+        log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(items), queue.name)
 
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
         """Results already computed survive a Redis restart: keep trying to store them."""

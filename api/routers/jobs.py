@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -105,7 +106,7 @@ async def submit_job(
     settings = state.settings
     wait_s = prefer_wait(prefer, settings.max_wait_s)
     body = await read_body(request, settings.max_body_bytes)
-    submission = await parse_submission(request, config, body, settings)
+    submission = replace(await parse_submission(request, config, body, settings), retries=config.retries)
     job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
