@@ -21,6 +21,8 @@ from shared.settings import Settings, get_settings
 
 log = logging.getLogger("inferq")
 STOP_GRACE_S = 15.0
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,12 +185,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  models: {', '.join(configs) or 'none'}\n  ops:    rq info -u '{redact(redis_url)}'")
     print("Ctrl-C stops everything.", flush=True)
     code = 0
+    restarts: list[float] = []
     try:
         while not stopping:
-            for child, cmd in zip(children, commands, strict=True):
-                if child.poll() is not None:
-                    log.error("%s exited with %s; stopping", " ".join(cmd[3:5]), child.returncode)
+            for index, (child, cmd) in enumerate(zip(children, commands, strict=True)):
+                if child.poll() is None:
+                    continue
+                # A crashed worker is replaced: its jobs come back through RQ's abandoned-job retries.
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
+                if len(restarts) > MAX_RESTARTS:
+                    log.error("%s keeps exiting (%s); stopping", " ".join(cmd[3:5]), child.returncode)
                     stopping, code = True, 1
+                    break
+                log.warning("%s exited with %s; restarting it", " ".join(cmd[3:5]), child.returncode)
+                children[index] = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
             time.sleep(0.2)
     finally:
         _stop_children(children)

