@@ -150,8 +150,8 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def new_stack(tmp: Path, **env_overrides: str) -> Stack:
-    server = RedisServer(tmp / "redis", appendonly=False)
+def new_stack(tmp: Path, appendonly: bool = False, **env_overrides: str) -> Stack:
+    server = RedisServer(tmp / "redis", appendonly=appendonly)
     server.start()
     models_dir = make_models_dir(tmp / "models")
     port = free_port()
@@ -160,7 +160,7 @@ def new_stack(tmp: Path, **env_overrides: str) -> Stack:
         "INFERQ_MODELS_DIR": str(models_dir),
         "INFERQ_PORT": str(port),
         "INFERQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        "INFERQ_WEBHOOK_RETRY_DELAYS_S": "[1, 1, 1]",
+        "INFERQ_WEBHOOK_RETRY_DELAYS_S": "[1, 1, 2, 2, 2]",
         "PYTHONPATH": str(ROOT),
         **env_overrides,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.redis_server import RedisServer
 from tests.stack import Stack, new_stack, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -115,3 +117,61 @@ def test_second_sigterm_gives_the_batch_back_at_once(faults: Stack, tmp_path: Pa
     client.close()
     faults.run_burst("slow")
     assert statuses(faults, ids) == ["finished"] * 3
+
+
+def test_redis_restart_under_load_answers_503_then_recovers_and_loses_no_accepted_job(
+    tmp_path: Path,
+) -> None:
+    stack = new_stack(tmp_path, appendonly=True)
+    accepted: list[str] = []
+    unavailable: list[httpx.Response] = []
+    other: list[int] = []
+    done = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=stack.base, timeout=10) as client:
+            for i in range(2000):
+                if done.is_set():
+                    return
+                try:
+                    response = client.post("/v1/models/slow/jobs", json={"inputs": [i, i]})
+                except httpx.HTTPError:
+                    other.append(-1)
+                    continue
+                if response.status_code == 202:
+                    accepted.append(response.json()["id"])
+                elif response.status_code == 503:
+                    unavailable.append(response)
+                else:
+                    other.append(response.status_code)
+                time.sleep(0.01)
+
+    try:
+        stack.start_api()
+        stack.start_worker("slow")
+        stack.wait_for_worker("slow")
+        loader = threading.Thread(target=load)
+        loader.start()
+        wait_until(lambda: len(accepted) >= 20, 20, "load to flow")
+        port = stack.redis_server.port
+        stack.redis_server.stop()  # SHUTDOWN: the AOF holds every acknowledged write
+        wait_until(lambda: len(unavailable) >= 3, 20, "503s while Redis is down")
+        stack.redis_server = RedisServer(tmp_path / "redis", port=port, appendonly=True)
+        stack.redis_server.start()
+        before = len(accepted)
+        wait_until(lambda: len(accepted) >= before + 20, 30, "submissions to succeed again")
+        done.set()
+        loader.join(timeout=30)
+        wait_until(lambda: statuses(stack, accepted).count("finished") == len(accepted), 60, "every accepted job")
+    except BaseException:
+        print(stack.log_text())
+        raise
+    finally:
+        done.set()
+        stack.stop_all()
+        stack.redis_server.stop()
+    assert other == []
+    for response in unavailable:
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "unavailable"
+    assert len(set(accepted)) == len(accepted) > 40

@@ -27,10 +27,10 @@ pytestmark = pytest.mark.e2e
 class Receiver:
     """A local webhook receiver; by default it fails each message's first delivery with a 500."""
 
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, port: int | None = None) -> None:
         self.deliveries: list[dict[str, Any]] = []
         self.statuses = statuses
-        self.port = free_port()
+        self.port = port or free_port()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -136,6 +136,23 @@ def test_webhook_retry_policy(stack: Stack, statuses: list[int], codes: list[int
         assert [a["status_code"] for a in attempts] == codes
         assert [a["outcome"] for a in attempts] == outcomes
         assert len(receiver.deliveries) == len(codes)
+    finally:
+        receiver.close()
+
+
+def test_a_receiver_that_is_down_gets_the_webhook_once_it_is_back(stack: Stack) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    job_id = submit_tensor(stack, [5, 6], webhook=url)
+    stack.run_burst("slow")
+    wait_until(lambda: len(view(stack, job_id)["webhook"]["attempts"]) >= 2, 20, "failed attempts")
+    receiver = Receiver(statuses=[200], port=port)
+    try:
+        wait_until(lambda: len(receiver.deliveries) == 1, 20, "the delivery once the receiver is up")
+        attempts = view(stack, job_id)["webhook"]["attempts"]
+        assert all("ConnectError" in a["error"] and a["outcome"] == "retrying" for a in attempts[:-1])
+        wait_until(lambda: view(stack, job_id)["webhook"]["attempts"][-1]["outcome"] == "delivered", 10, "record")
+        assert json.loads(receiver.deliveries[0]["body"])["result"] == {"output": [5.0, 6.0]}
     finally:
         receiver.close()
 

@@ -87,6 +87,8 @@ class BatchWorker(SimpleWorker):
     job_class = JSONJob
     # RQ calls heartbeat() and checks suspension several times per job; per batch is plenty.
     suspension_check_interval_s = 1.0
+    # After a Redis outage, reconnect within seconds, not RQ's minute.
+    max_connection_wait_time = 5.0
 
     def __init__(
         self,
@@ -130,13 +132,16 @@ class BatchWorker(SimpleWorker):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
-            pipe.execute()
+            _survive_outage(pipe.execute)
 
     def check_for_suspension(self, burst: bool) -> None:
         if time.monotonic() - self._suspension_checked_at < self.suspension_check_interval_s:
             return
         self._suspension_checked_at = time.monotonic()
-        super().check_for_suspension(burst)
+        _survive_outage(lambda: super(BatchWorker, self).check_for_suspension(burst))
+
+    def run_maintenance_tasks(self) -> None:
+        _survive_outage(super().run_maintenance_tasks)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
@@ -150,7 +155,7 @@ class BatchWorker(SimpleWorker):
         if len(self.queues) != 1:
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[return-value]
         queue = self.queues[0]
-        self.set_state(WorkerStatus.IDLE)
+        _survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
         self.procline(f"Listening on {queue.name}")
         wait_s = 1.0
         idle_since = now()
@@ -199,8 +204,14 @@ class BatchWorker(SimpleWorker):
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
         runner = self.runners[keys.model_from_queue(queue.name)]
-        items, dropped = self._collect(queue, job.id, runner.max_batch)
-        items = self._start(items, dropped, queue)
+        try:
+            items, dropped = self._collect(queue, job.id, runner.max_batch)
+            items = self._start(items, dropped, queue)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # Popped jobs wait in RQ's intermediate list; its cleanup requeues them.
+            log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
+            time.sleep(1.0)
+            return
         if items:
             self._running = (items, queue)
             stop = threading.Event()
@@ -407,6 +418,15 @@ class BatchWorker(SimpleWorker):
                 publish_event(pipe, job.id, model, "canceled")
             pipe.execute()
         log.info("worker %s: dropped %d result(s) of jobs canceled mid-batch", self.name, len(items))
+
+
+def _survive_outage(call: Any) -> None:
+    """Run a housekeeping call; while Redis is away, skip it rather than let RQ's loop quit."""
+    try:
+        call()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
+        time.sleep(0.5)
 
 
 def _queued_job(job_id: str, raw: dict[bytes, bytes], connection: Redis) -> JSONJob:
