@@ -62,6 +62,17 @@ def _pct(sorted_values: list[float], pct: float) -> float | None:
     return sorted_values[index]
 
 
+def submit_prefer_wait(base: str, submit_path: str, content_type: str) -> Call:
+    """inferq's one-call form: POST with ``Prefer: wait=60`` answers with the finished job."""
+
+    async def call(client: httpx.AsyncClient, payload: bytes) -> dict[str, Any]:
+        headers = {"content-type": content_type, "prefer": "wait=60"}
+        response = await client.post(f"{base}{submit_path}", content=payload, headers=headers)
+        return dict(response.json())
+
+    return call
+
+
 def submit_then_wait(base: str, submit_path: str, content_type: str, job_path: str) -> Call:
     """POST the payload, then GET the job with ?wait= until it ends: the same two calls for every system."""
 

@@ -26,7 +26,7 @@ from PIL import Image
 from redis import Redis
 from rq.registry import clean_registries
 
-from bench.load import Stats, closed_loop, open_loop, submit_then_wait
+from bench.load import Stats, closed_loop, open_loop, submit_prefer_wait, submit_then_wait
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.report import write_report
@@ -162,7 +162,7 @@ class Bench:
             self.results["systems"] = {}
             self._inferq()
             if not self.args.skip_peers:
-                for peer in PEERS:
+                for peer in self.args.peers.split(","):
                     self._peer(peer)
         finally:
             self.redis.stop()
@@ -218,6 +218,10 @@ class Bench:
                 call = submit_then_wait(base, f"/v1/models/{model}/jobs", content_type, "/v1/jobs/{id}")
                 concurrency = CONCURRENCY if model == "resnet" else (1, 16, 64)
                 result[model] = {"closed": self._sweep("inferq", model, call, concurrency)}
+            one_call = submit_prefer_wait(base, "/v1/models/noop/jobs", "application/json")
+            self.results["systems"]["inferq (Prefer: wait)"] = {
+                "noop": {"closed": self._sweep("inferq (Prefer: wait)", "noop", one_call, (1, 16, 64))}
+            }
             best = self.results["bare"]["resnet"]["best_items_per_s"]
             call = submit_then_wait(base, "/v1/models/resnet/jobs", "image/jpeg", "/v1/jobs/{id}")
             payloads, _ = payloads_for("resnet")
@@ -279,6 +283,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--point-seconds", type=float, default=6.0)
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
