@@ -34,7 +34,7 @@ from shared import keys
 from shared.jobs import QueueCache, enqueue_webhook, event_message, publish_event
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.bookkeeping import QueueBook, write_failure, write_registries, write_start, write_success
+from workers.bookkeeping import Outcome, QueueBook, end_entry, write_finish, write_registries, write_start
 from workers.running import Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,10 @@ if want > 0 then
     end
   end
 end
+local JOB_FIELDS = {'status', 'origin', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
 local out = {}
 for i, id in ipairs(ids) do
-  out[i] = {id, redis.call('HGETALL', KEYS[3] .. id), redis.call('GET', KEYS[4] .. id) or false,
+  out[i] = {id, redis.call('HMGET', KEYS[3] .. id, unpack(JOB_FIELDS)), redis.call('GET', KEYS[4] .. id) or false,
             redis.call('HGETALL', KEYS[5] .. id)}
 end
 return out
@@ -299,7 +300,7 @@ class BatchWorker(SimpleWorker):
         dropped: list[str] = []
         for raw_id, flat_job, payload, flat_info in rows:
             job_id = raw_id.decode()
-            raw = _pairs(flat_job)
+            raw = dict(zip(_JOB_FIELDS, flat_job, strict=True))
             info = {k.decode(): v.decode() for k, v in _pairs(flat_info).items()}
             if raw.get(b"status") != JobStatus.QUEUED.value.encode() or info.get("canceled"):
                 dropped.append(job_id)  # expired while queued, or canceled: it must not run
@@ -322,11 +323,11 @@ class BatchWorker(SimpleWorker):
         with self.connection.pipeline(transaction=True) as pipe:
             _eval(pipe, _CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
             _eval(pipe, _LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
-            executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now())
+            # The job TTL: a job that started near its queue TTL must not expire mid-run.
+            job_ttl_s = heartbeat_ttl + self.settings.failure_ttl_s
+            executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now(), job_ttl_s)
             for item, execution in zip(items, executions, strict=True):
                 item.execution = execution
-                # A job that started near its queue TTL must not expire mid-run.
-                pipe.expire(item.job.key, heartbeat_ttl + self.settings.failure_ttl_s)
             events = [event_message(i.job.id, model, "started", batch_size=len(items)) for i in items]
             _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             if items:
@@ -349,30 +350,26 @@ class BatchWorker(SimpleWorker):
                 item.info["queue_ms"] = f"{_ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
         info_keys = [keys.info_key(item.job.id) for item in items]
         canceled_before = [bool(flag) for flag in _eval(self.connection, _CANCEL_FLAGS, info_keys)]
-        finished: dict[str, int] = {}
-        failed: dict[str, int] = {}
+        succeeded = failed = 0
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.multi()  # explicit, so enqueue_webhook's RQ helpers do not open a second one
             # Read again inside the MULTI: a cancel that lands after the read above shows here.
             _eval(pipe, _CANCEL_FLAGS, info_keys)
-            events = []
+            entries = []
             for item, canceled in zip(items, canceled_before, strict=True):
-                if not canceled:
-                    ttl = self._write_end(pipe, item, len(items), runner)
-                    (finished if item.error is None else failed)[item.job.id] = ttl
-                    status = "finished" if item.error is None else "failed"
-                    events.append(event_message(item.job.id, runner.config.name, status))
-            executions = [item.execution for item in items if item.execution is not None]
-            write_registries(pipe, self._book(queue), executions, finished, failed)
-            pipe.delete(*(keys.payload_key(item.job.id) for item in items))
-            if finished:
-                pipe.hincrby(self.key, "successful_job_count", len(finished))
+                outcome = None if canceled else self._outcome(pipe, item, len(items), runner)
+                if outcome is not None:
+                    succeeded += outcome.status == "finished"
+                    failed += outcome.status == "failed"
+                entries.append(end_entry(item.job, item.execution, keys.payload_key(item.job.id), outcome, self.name))
+            # One script: results, registries and, per job after its result, the event.
+            write_finish(pipe, self._book(queue), keys.EVENTS_CHANNEL, entries)
+            if succeeded:
+                pipe.hincrby(self.key, "successful_job_count", succeeded)
             if failed:
-                pipe.hincrby(self.key, "failed_job_count", len(failed))
+                pipe.hincrby(self.key, "failed_job_count", failed)
             started_at = items[0].job.started_at or ended_at
             pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
-            # Last in the MULTI: whoever is told can already read the result.
-            _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             self.set_current_job_id(None, pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             flags = pipe.execute()[0]
@@ -380,24 +377,22 @@ class BatchWorker(SimpleWorker):
         if late:
             self._restore_canceled(late, queue)
 
-    def _write_end(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> int:
-        """The job's RQ result and inferq info; returns the TTL its registry entry gets."""
+    def _outcome(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
+        """How the job ended, for the finish script; queues its webhook in the same MULTI."""
         job = item.job
         info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
+        info.pop("content_type", None)
         if item.error is None:
-            ttl = job.get_result_ttl(self.settings.result_ttl_s)
-            write_success(pipe, job, item.execution, item.output, ttl, self.name)
+            status, value, ttl = "finished", item.output, job.get_result_ttl(self.settings.result_ttl_s)
         else:
             info["error"] = item.error
+            status, value = "failed", item.traceback or item.error
             ttl = job.failure_ttl or self.settings.failure_ttl_s
-            write_failure(pipe, job, item.execution, item.traceback or item.error, ttl, self.name)
-        info.pop("content_type", None)
-        pipe.hset(keys.info_key(job.id), mapping=info)
-        pipe.expire(keys.info_key(job.id), ttl)
         if "webhook" in info:
             pipe.expire(keys.webhook_attempts_key(job.id), ttl)
             enqueue_webhook(self.queue_cache, self.settings, pipe, job.id)
-        return int(ttl)
+        event = event_message(job.id, runner.config.name, status)
+        return Outcome(status, value, int(ttl), keys.info_key(job.id), info, event)
 
     def _restore_canceled(self, items: list[Item], queue: Queue) -> None:
         """Undo our writes for jobs a client canceled while we held them: canceled wins."""
@@ -429,16 +424,24 @@ def _survive_outage(call: Any) -> None:
         time.sleep(0.5)
 
 
-def _queued_job(job_id: str, raw: dict[bytes, bytes], connection: Redis) -> JSONJob:
+# The job hash fields a batch reads (the order _POP_AND_LOAD's JOB_FIELDS returns them in).
+_JOB_FIELDS = (b"status", b"origin", b"enqueued_at", b"timeout", b"result_ttl", b"failure_ttl")
+
+
+def _queued_job(job_id: str, raw: dict[bytes, bytes | None], connection: Redis) -> JSONJob:
     """The fields of a queued job the batch needs; RQ's full restore() costs more than the model."""
     job = JSONJob(job_id, connection=connection)
     job._status = JobStatus.QUEUED
-    job.origin = raw.get(b"origin", b"").decode()
+    job.origin = (raw.get(b"origin") or b"").decode()
     job.enqueued_at = _parse_time(raw.get(b"enqueued_at"))
-    job.timeout = int(raw[b"timeout"]) if raw.get(b"timeout") else None
-    job.result_ttl = int(raw[b"result_ttl"]) if raw.get(b"result_ttl") else None
-    job.failure_ttl = int(raw[b"failure_ttl"]) if raw.get(b"failure_ttl") else None
+    job.timeout = _int(raw.get(b"timeout"))
+    job.result_ttl = _int(raw.get(b"result_ttl"))
+    job.failure_ttl = _int(raw.get(b"failure_ttl"))
     return job
+
+
+def _int(value: bytes | None) -> int | None:
+    return int(value) if value else None
 
 
 def _parse_time(value: bytes | None) -> datetime | None:

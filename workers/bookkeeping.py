@@ -11,7 +11,9 @@ read exactly what RQ itself would have written.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
@@ -44,55 +46,148 @@ def executions_key(job_id: str) -> str:
     return ExecutionRegistry.key_template.format(job_id)
 
 
+# Per job: HSET/EXPIRE the execution, add it to the job's executions and the started registry,
+# mark the job started. ARGV: started key, score, ttl, job ttl, worker, stamp, timestamp, then
+# five values per job.
+_START = """
+local started, score, ttl, job_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local worker, stamp, ts = ARGV[5], ARGV[6], ARGV[7]
+for i = 8, #ARGV, 5 do
+  local job_key, exec_key, execs_key, exec_id, composite = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
+  redis.call('HSET', exec_key, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
+  redis.call('EXPIRE', exec_key, ttl)
+  redis.call('ZADD', execs_key, score + 60, exec_id)
+  redis.call('EXPIRE', execs_key, ttl + 60)
+  redis.call('ZADD', started, score, composite)
+  redis.call('HSET', job_key, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp,
+             'worker_name', worker)
+  redis.call('EXPIRE', job_key, job_ttl)
+end
+return (#ARGV - 7) / 5
+"""
+# Per job (a JSON object): end the job, store its RQ result and inferq info, leave the started
+# registry for finished/failed, drop the execution and the payload, publish the event last.
+_FINISH = """
+local started, finished, failed, now_s, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local function flat(t)
+  local out = {}
+  for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
+  return out
+end
+for i = 6, #ARGV do
+  local j = cjson.decode(ARGV[i])
+  if j.status then
+    redis.call('HSET', j.key, 'status', j.status, 'ended_at', j.ended_at)
+    redis.call('EXPIRE', j.key, j.ttl)
+    redis.call('XADD', j.result_key, 'MAXLEN', 10, '*', unpack(flat(j.result)))
+    redis.call('EXPIRE', j.result_key, j.ttl)
+    redis.call('ZADD', j.status == 'finished' and finished or failed, now_s + j.ttl, j.id)
+    redis.call('HSET', j.info_key, unpack(flat(j.info)))
+    redis.call('EXPIRE', j.info_key, j.ttl)
+  end
+  if j.exec_id then
+    redis.call('ZREM', started, j.composite)
+    redis.call('DEL', j.exec_key)
+    redis.call('ZREM', j.execs_key, j.exec_id)
+  end
+  redis.call('DEL', j.payload_key)
+  if j.event then redis.call('PUBLISH', channel, j.event) end
+end
+return #ARGV - 5
+"""
+
+
 def write_start(
-    pipe: Pipeline, book: QueueBook, jobs: Sequence[JSONJob], worker_name: str, ttl_s: int, started_at: datetime
+    pipe: Pipeline,
+    book: QueueBook,
+    jobs: Sequence[JSONJob],
+    worker_name: str,
+    ttl_s: int,
+    started_at: datetime,
+    job_ttl_s: int,
 ) -> list[Execution]:
-    """What ``Execution.create`` and ``Job.prepare_for_execution`` write, for every job at once."""
-    score = current_timestamp() + ttl_s
+    """What ``Execution.create`` and ``Job.prepare_for_execution`` write, for every job, in one script."""
     stamp = utcformat(started_at)
+    args: list[Any] = [
+        book.started_key,
+        current_timestamp() + ttl_s,
+        ttl_s,
+        job_ttl_s,
+        worker_name,
+        stamp,
+        repr(started_at.timestamp()),
+    ]
     executions = []
-    wip: dict[str, float] = {}
     for job in jobs:
         execution = Execution(uuid4().hex, job.id, job.connection, worker_name=worker_name)
         execution.created_at = execution.last_heartbeat = started_at
         executions.append(execution)
-        pipe.hset(execution.key, mapping=execution.serialize())
-        pipe.expire(execution.key, ttl_s)
-        pipe.zadd(executions_key(job.id), {execution.id: score + 60})
-        pipe.expire(executions_key(job.id), ttl_s + 60)
-        wip[execution.composite_key] = score
+        args += [job.key, execution.key, executions_key(job.id), execution.id, execution.composite_key]
         job.worker_name, job.started_at, job.last_heartbeat = worker_name, started_at, started_at
         job._status = JobStatus.STARTED
-        pipe.hset(
-            job.key,
-            mapping={
-                "last_heartbeat": stamp,
-                "status": JobStatus.STARTED.value,
-                "started_at": stamp,
-                "worker_name": worker_name,
-            },
-        )
-    if wip:
-        pipe.zadd(book.started_key, wip)
+    if jobs:
+        pipe.eval(_START, 0, *args)
     return executions
 
 
-def write_success(
-    pipe: Pipeline, job: JSONJob, execution: Execution | None, output: Any, ttl_s: int, worker_name: str
-) -> None:
-    """What ``Job._handle_success`` and ``Job.cleanup`` write for one finished job (registry excluded)."""
-    _write_end(pipe, job, JobStatus.FINISHED, ttl_s)
-    result = _result(job, execution, Result.Type.SUCCESSFUL, worker_name, return_value=output)
-    _save_result(pipe, job.id, result, ttl_s)
+@dataclass(frozen=True)
+class Outcome:
+    """How one job ended, for the finish script."""
+
+    status: str  # "finished" or "failed"
+    value: Any  # the output, or the traceback
+    ttl_s: int
+    info_key: str
+    info: dict[str, str]
+    event: str
 
 
-def write_failure(
-    pipe: Pipeline, job: JSONJob, execution: Execution | None, exc_string: str, ttl_s: int, worker_name: str
-) -> None:
-    """What ``Job._handle_failure`` writes for one failed job (registry excluded)."""
-    _write_end(pipe, job, JobStatus.FAILED, ttl_s)
-    result = _result(job, execution, Result.Type.FAILED, worker_name, exc_string=exc_string)
-    _save_result(pipe, job.id, result, ttl_s)
+def end_entry(
+    job: JSONJob, execution: Execution | None, payload_key: str, outcome: Outcome | None, worker_name: str
+) -> str:
+    """One job's part of the finish script; ``outcome`` None: drop it without a result (canceled)."""
+    entry: dict[str, Any] = {"id": job.id, "payload_key": payload_key}
+    if execution is not None:
+        entry |= {
+            "exec_id": execution.id,
+            "exec_key": execution.key,
+            "execs_key": executions_key(job.id),
+            "composite": execution.composite_key,
+        }
+    if outcome is not None:
+        finished = outcome.status == "finished"
+        job._status = JobStatus.FINISHED if finished else JobStatus.FAILED
+        kind = Result.Type.SUCCESSFUL if finished else Result.Type.FAILED
+        values = {"return_value": outcome.value} if finished else {"exc_string": outcome.value}
+        result = _result(job, execution, kind, worker_name, **values)
+        assert job.ended_at is not None
+        entry |= {
+            "status": outcome.status,
+            "key": job.key,
+            "ended_at": utcformat(job.ended_at),
+            "ttl": int(outcome.ttl_s),
+            "result_key": Result.get_key(job.id),
+            "result": {k: str(v) for k, v in result.serialize().items()},
+            "info_key": outcome.info_key,
+            "info": outcome.info,
+            "event": outcome.event,
+        }
+    return json.dumps(entry, separators=(",", ":"))
+
+
+def write_finish(pipe: Pipeline, book: QueueBook, channel: str, entries: Sequence[str]) -> None:
+    """Every job of the batch ended, in one script."""
+    if entries:
+        pipe.eval(
+            _FINISH,
+            0,
+            book.started_key,
+            book.finished_key,
+            book.failed_key,
+            str(current_timestamp()),
+            channel,
+            *entries,
+        )
 
 
 def write_registries(
@@ -115,13 +210,6 @@ def write_registries(
         pipe.zadd(book.failed_key, {job_id: now_s + ttl for job_id, ttl in failed.items()})
 
 
-def _write_end(pipe: Pipeline, job: JSONJob, status: JobStatus, ttl_s: int) -> None:
-    job._status = status
-    assert job.ended_at is not None
-    pipe.hset(job.key, mapping={"status": status.value, "ended_at": utcformat(job.ended_at)})
-    pipe.expire(job.key, ttl_s)
-
-
 def _result(job: JSONJob, execution: Execution | None, kind: Result.Type, worker_name: str, **values: Any) -> Result:
     result = Result.__new__(Result)  # skips RQ's per-object serializer resolution, the hot spot
     result.job_id, result.type, result.connection = job.id, kind, job.connection
@@ -134,9 +222,3 @@ def _result(job: JSONJob, execution: Execution | None, kind: Result.Type, worker
     result.execution_started_at = execution.created_at if execution else None
     result.execution_ended_at = job.ended_at
     return result
-
-
-def _save_result(pipe: Pipeline, job_id: str, result: Result, ttl_s: int) -> None:
-    key = Result.get_key(job_id)
-    pipe.xadd(key, result.serialize(), maxlen=10)  # type: ignore[arg-type]
-    pipe.expire(key, ttl_s)
