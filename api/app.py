@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from redis import Redis
 
 from api import errors
@@ -49,6 +50,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Asynchronous inference queue: submit a job, get an ID, collect the result later.",
         lifespan=lifespan,
     )
+    if settings.cors_origins:
+        # Off unless configured: browsers then may call the API from these origins only.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Prefer", "Idempotency-Key"],
+        )
     errors.install(app)
     app.include_router(health.router)
     app.include_router(models.router)

@@ -21,6 +21,8 @@ STATUS = {
     errors.InvalidInput: 422,
     errors.PayloadTooLarge: 413,
     errors.Conflict: 409,
+    errors.QueueFull: 429,
+    errors.Unauthorized: 401,
     errors.Unavailable: 503,
 }
 _HTTP_CODES = {
@@ -32,7 +34,9 @@ _HTTP_CODES = {
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
     return JSONResponse({"error": {"code": code, "message": message, **extra}}, status, headers=headers)
 
 

@@ -21,8 +21,8 @@ from shared.settings import Settings
 
 _URL = TypeAdapter(AnyHttpUrl)
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNORECASE)
-_FORM_FIELDS = {"file", "webhook", "result_ttl"}
-_JSON_FIELDS = {"inputs", "webhook", "result_ttl"}
+_FORM_FIELDS = {"file", "webhook", "result_ttl", "ttl"}
+_JSON_FIELDS = {"inputs", "webhook", "result_ttl", "ttl"}
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -75,19 +75,24 @@ def _webhook(value: Any) -> str | None:
 
 
 def _result_ttl(value: Any, settings: Settings) -> int | None:
+    return _seconds(value, "result_ttl", settings.max_result_ttl_s)
+
+
+def _seconds(value: Any, name: str, most: int) -> int | None:
+    """A whole number of seconds in 1..most, or None when absent."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
-        raise InvalidInput("result_ttl must be a whole number of seconds")
+        raise InvalidInput(f"{name} must be a whole number of seconds")
     try:
-        ttl = int(value)
-        if isinstance(value, float) and ttl != value:
+        seconds = int(value)
+        if isinstance(value, float) and seconds != value:
             raise ValueError
-    except (TypeError, ValueError):
-        raise InvalidInput(f"result_ttl must be a whole number of seconds, got {str(value)[:50]!r}") from None
-    if not 1 <= ttl <= settings.max_result_ttl_s:
-        raise InvalidInput(f"result_ttl must be between 1 and {settings.max_result_ttl_s} seconds")
-    return ttl
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"{name} must be a whole number of seconds, got {str(value)[:50]!r}") from None
+    if not 1 <= seconds <= most:
+        raise InvalidInput(f"{name} must be between 1 and {most} seconds")
+    return seconds
 
 
 def check_image(data: bytes, settings: Settings) -> str:
@@ -174,6 +179,7 @@ def _tensor_submission(config: ModelConfig, spec: TensorInput, body: bytes, sett
         "application/json",
         webhook=_webhook(data.get("webhook")),
         result_ttl_s=_result_ttl(data.get("result_ttl"), settings),
+        deadline_s=_seconds(data.get("ttl"), "ttl", settings.queue_ttl_s),
     )
 
 
@@ -194,12 +200,14 @@ async def _multipart_submission(request: Request, config: ModelConfig, settings:
         check_image(data, settings)
         webhook = form.get("webhook")
         result_ttl = form.get("result_ttl")
+        deadline = form.get("ttl")
         return Submission(
             config.name,
             data,
             upload.content_type or "application/octet-stream",
             webhook=_webhook(webhook if isinstance(webhook, str) else None),
             result_ttl_s=_result_ttl(result_ttl if isinstance(result_ttl, str) else None, settings),
+            deadline_s=_seconds(deadline if isinstance(deadline, str) else None, "ttl", settings.queue_ttl_s),
         )
     finally:
         await form.close()

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-Status = Literal["queued", "started", "finished", "failed", "canceled"]
+Status = Literal["queued", "started", "finished", "failed", "canceled", "expired"]
 
 
 class JobUrls(BaseModel):
@@ -78,4 +78,6 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (404, 409, 413, 415, 422, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (401, 404, 409, 413, 415, 422, 429, 503)
+}

@@ -7,6 +7,8 @@ AppError
  │    └── UnsupportedMedia  not a type this model takes
  ├── PayloadTooLarge    the body is over the configured limit
  ├── Conflict           the job is in a state that forbids the operation
+ ├── QueueFull          the model's queue is at its limit; retry later
+ ├── Unauthorized       an API key is needed and missing or wrong
  └── Unavailable        Redis cannot be reached
 """
 
@@ -45,6 +47,14 @@ class PayloadTooLarge(AppError):
 
 class Conflict(AppError):
     code = "conflict"
+
+
+class QueueFull(AppError):
+    code = "queue_full"
+
+
+class Unauthorized(AppError):
+    code = "unauthorized"
 
 
 class Unavailable(AppError):

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from redis import Redis, WatchError
 from redis.client import Pipeline
+from rq.exceptions import NoSuchJobError
 from rq.job import Retry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 
 from shared import keys
-from shared.errors import Conflict, NotFound
-from shared.rqjson import JSONJob, JSONQueue
+from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from shared.rqjson import JSONJob, JSONQueue, fetch_job
 from shared.settings import Settings
 
 INFER_FUNC = "workers.tasks.infer"
 DELIVER_FUNC = "workers.webhooks.deliver"
-TERMINAL = ("finished", "failed", "canceled")
+TERMINAL = ("finished", "failed", "canceled", "expired")
 # RQ statuses a client never needs to tell apart.
 _STATUS_MAP = {
     "created": "queued",
@@ -93,21 +96,53 @@ class Submission:
     result_ttl_s: int | None = None
     # Times the job is run again if the worker running it dies; None: the settings' default.
     retries: int | None = None
+    # Seconds the job may wait in its queue; past that it never runs and reads as expired.
+    deadline_s: int | None = None
+    max_queue_length: int | None = None
+    idempotency_key: str | None = None
+    # Who submitted it (a hash of the API key), so only they can see or cancel it.
+    owner: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.model.encode() + b"\0" + self.payload).hexdigest()
+
+
+# Checks and writes in one atomic step: an Idempotency-Key already used returns its job, a full
+# queue refuses, otherwise RQ's own enqueue commands (built by RQ into a pipeline, passed here
+# as ARGV groups) run. Nothing is half-enqueued.
+_GUARDED_ENQUEUE = """
+local idem = ARGV[1]
+if idem ~= '' then
+  local existing = redis.call('GET', idem)
+  if existing then return {'dup', existing} end
+end
+if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return {'full', ''} end
+if idem ~= '' then redis.call('SET', idem, ARGV[3], 'EX', ARGV[4]) end
+local i = 5
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return {'ok', ''}
+"""
 
 
 def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> JSONJob:
-    """Store the payload and enqueue a real RQ job, in one transaction (one round trip)."""
+    """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
     job_id = new_job_id()
     queue = queues.get(keys.queue_name(submission.model))
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
+    queue_ttl_s = submission.deadline_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
-    live_s = settings.queue_ttl_s + settings.job_timeout_s + 60
+    live_s = queue_ttl_s + settings.job_timeout_s + 60
     retries = settings.job_retries if submission.retries is None else submission.retries
     job = queue.create_job(
         INFER_FUNC,
         kwargs={"model": submission.model},
         job_id=job_id,
-        ttl=settings.queue_ttl_s,
+        ttl=queue_ttl_s,
         result_ttl=result_ttl_s,
         failure_ttl=settings.failure_ttl_s,
         timeout=settings.job_timeout_s,
@@ -119,17 +154,40 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
         "model": submission.model,
         "content_type": submission.content_type,
         "result_ttl_s": result_ttl_s,
+        "deadline": f"{time.time() + queue_ttl_s:.3f}",
     }
     if submission.webhook:
         info["webhook"] = submission.webhook
-    with queue.connection.pipeline(transaction=True) as pipe:
-        # RQ's enqueue calls multi() itself unless the pipeline is already in MULTI.
-        pipe.multi()
+    if submission.owner:
+        info["owner"] = submission.owner
+    connection = queue.connection
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.multi()  # RQ's enqueue opens one itself otherwise; nothing here is executed by redis-py
         pipe.set(keys.payload_key(job_id), submission.payload, ex=live_s)
         pipe.hset(keys.info_key(job_id), mapping=info)
         pipe.expire(keys.info_key(job_id), live_s + max(result_ttl_s, settings.failure_ttl_s))
         queue.enqueue_job(job, pipeline=pipe)
-        pipe.execute()
+        commands = [args for args, _ in pipe.command_stack]
+    encode = connection.get_encoder().encode
+    argv: list[Any] = [
+        keys.idempotency_key(submission.owner or "", submission.idempotency_key) if submission.idempotency_key else "",
+        submission.max_queue_length or settings.max_queue_length,
+        f"{job_id} {submission.fingerprint}",
+        settings.idempotency_ttl_s,
+    ]
+    for args in commands:
+        argv += [len(args), *(encode(arg) for arg in args)]
+    verdict, existing = cast(list[bytes], connection.eval(_GUARDED_ENQUEUE, 1, queue.key, *argv))
+    if verdict == b"full":
+        raise QueueFull(f"the queue of model {submission.model} is full; retry later")
+    if verdict == b"dup":
+        other_id, _, fingerprint = existing.decode().partition(" ")
+        if fingerprint != submission.fingerprint:
+            raise InvalidInput("this Idempotency-Key was used with a different request body")
+        try:
+            return fetch_job(other_id, connection)
+        except NoSuchJobError:
+            raise NotFound(f"the job {other_id} of this Idempotency-Key has expired") from None
     return cast(JSONJob, job)
 
 
@@ -152,7 +210,7 @@ def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
-def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
+def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> dict[str, Any]:
     """Everything a client may see of a job, read in one round trip; NotFound if unknown or expired."""
     if not keys.JOB_ID_RE.match(job_id):
         raise NotFound(f"no job {job_id!r}")
@@ -163,11 +221,15 @@ def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
         pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)
         pipe.lrange(keys.webhook_attempts_key(job_id), 0, -1)
         raw_job, pttl_ms, raw_info, results, attempts = pipe.execute()
+    info = _decode_hash(raw_info)
+    if owner is not None and info.get("owner") != owner:
+        raise NotFound(f"no job {job_id!r}")  # another key's job: as if it did not exist
     if not raw_job or b"status" not in raw_job:
+        if _expired_unrun(info):
+            return _expired_view(job_id, info)
         raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
     job = JSONJob(job_id, connection=connection)
     job.restore(raw_job)
-    info = _decode_hash(raw_info)
     status = public_status(job.get_status(refresh=False))
     view: dict[str, Any] = {
         "id": job_id,
@@ -198,6 +260,31 @@ def get_job_view(connection: Redis, job_id: str) -> dict[str, Any]:
     return view
 
 
+def _expired_unrun(info: dict[str, str]) -> bool:
+    """RQ dropped the job hash because its queue deadline passed before any worker took it."""
+    deadline = float(info.get("deadline") or "inf")
+    return deadline <= time.time() and "batch_size" not in info and not info.get("canceled")
+
+
+def _expired_view(job_id: str, info: dict[str, str]) -> dict[str, Any]:
+    ended = datetime.fromtimestamp(float(info["deadline"]), UTC)
+    return {
+        "id": job_id,
+        "model": info.get("model", ""),
+        "status": "expired",
+        "created_at": None,
+        "enqueued_at": None,
+        "started_at": None,
+        "ended_at": isoformat(ended),
+        "batch_size": None,
+        "worker": None,
+        "timings_ms": None,
+        "result": None,
+        "error": "expired: still queued when its deadline passed; it never ran",
+        "expires_at": None,
+    }
+
+
 def _timings(info: dict[str, str]) -> dict[str, float] | None:
     timings: dict[str, float] = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
     return timings or None
@@ -215,7 +302,7 @@ def _last_line(text: str | None) -> str | None:
     return lines[-1] if lines else None
 
 
-def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
+def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown."""
     if not keys.JOB_ID_RE.match(job_id):
         raise NotFound(f"no job {job_id!r}")
@@ -227,6 +314,9 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str) -> None:
                 # WATCH: the worker finishing this job at the same moment must not be overwritten.
                 pipe.watch(job_key)
                 raw = cast(dict[bytes, bytes], connection.hgetall(job_key))
+                job_owner = cast(bytes | None, connection.hget(keys.info_key(job_id), "owner"))
+                if owner is not None and (job_owner or b"").decode() != owner:
+                    raise NotFound(f"no job {job_id!r}")
                 if not raw or b"status" not in raw:
                     raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
                 job = JSONJob(job_id, connection=connection)

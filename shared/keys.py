@@ -6,6 +6,7 @@ is written with a TTL.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 PREFIX = "inferq"
@@ -40,3 +41,9 @@ def info_key(job_id: str) -> str:
 def webhook_attempts_key(job_id: str) -> str:
     """A list of JSON delivery attempts for the job's webhook."""
     return f"{PREFIX}:webhook:{job_id}"
+
+
+def idempotency_key(owner: str, key: str) -> str:
+    """The job an Idempotency-Key created, per API key owner: "<job id> <body fingerprint>"."""
+    digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+    return f"{PREFIX}:idem:{digest}"

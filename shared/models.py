@@ -53,6 +53,7 @@ class ModelConfig(BaseModel):
     top_k: int = Field(default=5, ge=1)
     max_batch: int = Field(default=32, ge=1, le=4096)
     retries: int | None = Field(default=None, ge=0, le=10)
+    max_queue_length: int | None = Field(default=None, ge=1)
     device: str = "auto"
 
     @property

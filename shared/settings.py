@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -29,6 +30,14 @@ class Settings(BaseSettings):
     job_timeout_s: int = Field(default=300, ge=1)
     canceled_ttl_s: int = Field(default=3600, ge=1)
 
+    # Past this many waiting jobs a model's submits answer 429 (models may set max_queue_length).
+    max_queue_length: int = Field(default=10000, ge=1)
+    idempotency_ttl_s: int = Field(default=86400, ge=1)
+    # Bearer tokens, comma-separated; empty: no authentication.
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Webhook targets allowed although private or loopback: hostnames or CIDRs, comma-separated.
+    webhook_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_wait_s: float = Field(default=60.0, ge=0)
@@ -51,6 +60,13 @@ class Settings(BaseSettings):
     maintenance_interval_s: int = Field(default=15, ge=1)
     # How often a job is retried when the worker running it dies (models may override).
     job_retries: int = Field(default=2, ge=0, le=10)
+
+    @field_validator("api_keys", "cors_origins", "webhook_allow", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
 
 @lru_cache

@@ -161,6 +161,8 @@ def new_stack(tmp: Path, appendonly: bool = False, **env_overrides: str) -> Stac
         "INFERQ_PORT": str(port),
         "INFERQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
         "INFERQ_WEBHOOK_RETRY_DELAYS_S": "[1, 1, 2, 2, 2]",
+        # The tests' webhook receivers listen on loopback, which inferq refuses by default.
+        "INFERQ_WEBHOOK_ALLOW": "127.0.0.1",
         "PYTHONPATH": str(ROOT),
         **env_overrides,
     }

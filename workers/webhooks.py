@@ -20,10 +20,11 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from shared import keys, signing
-from shared.errors import NotFound
+from shared.errors import InvalidInput, NotFound
 from shared.jobs import DELIVER_FUNC, get_job_view, isoformat, utcnow
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
+from shared.urls import check_webhook_target
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}
@@ -52,6 +53,13 @@ def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
     record: dict[str, Any] = {"attempt": attempt, "at": isoformat(utcnow())}
     retry_after: float | None = None
     try:
+        # Again at delivery: the name may resolve elsewhere than it did at submit.
+        check_webhook_target(url, settings.webhook_allow)
+    except InvalidInput as exc:
+        record |= {"error": exc.message, "outcome": "refused"}
+        _record(connection, settings, job_id, record)
+        return {"job_id": job_id, **record}
+    try:
         with httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
             response = client.post(url, content=body, headers=headers)
         record["status_code"] = response.status_code
@@ -67,13 +75,17 @@ def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
         record["next_attempt_in_s"] = delay
         _schedule(connection, settings, job_id, attempt + 1, delay)
     record["outcome"] = "delivered" if delivered else ("retrying" if "next_attempt_in_s" in record else "gave up")
+    _record(connection, settings, job_id, record)
+    log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
+    return {"job_id": job_id, **record}
+
+
+def _record(connection: Redis, settings: Settings, job_id: str, record: dict[str, Any]) -> None:
     attempts_key = keys.webhook_attempts_key(job_id)
     with connection.pipeline(transaction=True) as pipe:
         pipe.rpush(attempts_key, json.dumps(record))
         pipe.expire(attempts_key, settings.webhook_ttl_s)
         pipe.execute()
-    log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
-    return {"job_id": job_id, **record}
 
 
 def _retry_after_s(value: str | None) -> float | None:

@@ -13,10 +13,12 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from api.auth import Owner
 from api.deps import AppState, Model, State
 from api.inputs import parse_submission, parse_wait, prefer_wait, read_body
 from api.schemas import ERRORS, JobAccepted, JobPublic
 from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
+from shared.urls import check_webhook_target
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
@@ -65,16 +67,16 @@ def _urls(request: Request, job_id: str) -> dict[str, str]:
     }
 
 
-async def _view(state: AppState, job_id: str) -> dict[str, Any]:
-    return await run_in_threadpool(get_job_view, state.redis, job_id)
+async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, Any]:
+    return await run_in_threadpool(get_job_view, state.redis, job_id, owner)
 
 
-async def wait_for_end(state: AppState, job_id: str, timeout_s: float) -> dict[str, Any]:
+async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
     """The job's view once it is terminal, or as it is when ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     with state.events.subscribe(job_id) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
-        view = await _view(state, job_id)
+        view = await _view(state, job_id, owner)
         while view["status"] not in TERMINAL:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -85,7 +87,7 @@ async def wait_for_end(state: AppState, job_id: str, timeout_s: float) -> dict[s
                     continue
             except TimeoutError:
                 pass
-            view = await _view(state, job_id)
+            view = await _view(state, job_id, owner)
     return view
 
 
@@ -100,19 +102,31 @@ async def submit_job(
     request: Request,
     config: Model,
     state: State,
+    owner: Owner,
     prefer: Annotated[str | None, Header(description="wait=N: hold up to N seconds for the result")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(description="the same key and body return the same job", max_length=200)
+    ] = None,
 ) -> JSONResponse:
     """Queue one input for the model; answers 202 with the job ID at once."""
     settings = state.settings
     wait_s = prefer_wait(prefer, settings.max_wait_s)
     body = await read_body(request, settings.max_body_bytes)
-    submission = replace(await parse_submission(request, config, body, settings), retries=config.retries)
+    submission = replace(
+        await parse_submission(request, config, body, settings),
+        retries=config.retries,
+        max_queue_length=config.max_queue_length,
+        idempotency_key=idempotency_key or None,
+        owner=owner,
+    )
+    if submission.webhook:
+        await run_in_threadpool(check_webhook_target, submission.webhook, settings.webhook_allow)
     job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:
         headers["Preference-Applied"] = f"wait={wait_s:g}"
-        view = await wait_for_end(state, job.id, wait_s)
+        view = await wait_for_end(state, job.id, wait_s, owner)
         if view["status"] in TERMINAL:
             return JSONResponse(view, status_code=200, headers=headers)
     accepted = {
@@ -129,20 +143,21 @@ async def submit_job(
 async def get_job(
     job_id: str,
     state: State,
+    owner: Owner,
     wait: Annotated[str | None, Query(description="seconds to hold the request until the job ends")] = None,
 ) -> dict[str, Any]:
     """The job's status, and its result or error once it ended."""
     wait_s = parse_wait(wait, state.settings.max_wait_s, "wait")
     if wait_s > 0:
-        return await wait_for_end(state, job_id, wait_s)
-    return await _view(state, job_id)
+        return await wait_for_end(state, job_id, wait_s, owner)
+    return await _view(state, job_id, owner)
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
-async def cancel(job_id: str, state: State) -> dict[str, Any]:
+async def cancel(job_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel a queued or running job; a job that already ended answers 409."""
-    await run_in_threadpool(cancel_job, state.queues, state.settings, job_id)
-    return await _view(state, job_id)
+    await run_in_threadpool(cancel_job, state.queues, state.settings, job_id, owner)
+    return await _view(state, job_id, owner)
 
 
 def _sse(view: dict[str, Any]) -> str:
@@ -154,13 +169,13 @@ def _sse(view: dict[str, Any]) -> str:
     responses={200: {"content": {"text/event-stream": {}}}, **ERRORS},
     response_class=StreamingResponse,
 )
-async def job_events(job_id: str, request: Request, state: State) -> StreamingResponse:
+async def job_events(job_id: str, request: Request, state: State, owner: Owner) -> StreamingResponse:
     """Server-Sent Events: one per status change, ending with the terminal one."""
-    first = await _view(state, job_id)  # 404 before the stream starts
+    first = await _view(state, job_id, owner)  # 404 before the stream starts
 
     async def stream() -> AsyncIterator[str]:
         with state.events.subscribe(job_id) as events:
-            view = await _view(state, job_id)
+            view = await _view(state, job_id, owner)
             yield _sse(view)
             last = view["status"]
             while last not in TERMINAL:
@@ -170,7 +185,7 @@ async def job_events(job_id: str, request: Request, state: State) -> StreamingRe
                     await asyncio.wait_for(events.get(), timeout=SSE_KEEPALIVE_S)
                 except TimeoutError:
                     yield ": keep-alive\n\n"
-                view = await _view(state, job_id)
+                view = await _view(state, job_id, owner)
                 if view["status"] != last:
                     last = view["status"]
                     yield _sse(view)

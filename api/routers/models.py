@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
+from api.auth import require_key
 from api.deps import AppState, Model, State
 from api.schemas import ERRORS, ModelList, ModelPublic
 from shared import keys
 from shared.models import ModelConfig
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
 
 
 def _public(state: AppState, config: ModelConfig, queue_length: int) -> ModelPublic:
