@@ -250,11 +250,16 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
         view["error"] = info.get("error") or "canceled by request"
     elif results and status in ("finished", "failed"):
         result_id, payload = results[0]
-        result = Result.restore(job_id, result_id.decode(), payload, connection, serializer=JSONSerializer)
-        if result.type == Result.Type.SUCCESSFUL:
-            view["result"] = result.return_value
+        try:
+            result = Result.restore(job_id, result_id.decode(), payload, connection, serializer=JSONSerializer)
+        except (ValueError, TypeError, KeyError):
+            # Not written by inferq (a pickle, say): never loaded, reported as unreadable.
+            view["error"] = "the stored result is not readable JSON"
         else:
-            view["error"] = info.get("error") or _failure_reason(result.exc_string)
+            if result.type == Result.Type.SUCCESSFUL:
+                view["result"] = result.return_value
+            else:
+                view["error"] = info.get("error") or _failure_reason(result.exc_string)
     if "webhook" in info:
         view["webhook"] = {"url": info["webhook"], "attempts": [json.loads(a) for a in attempts]}
     return view
