@@ -255,7 +255,18 @@ class Bench:
                 module = f"bench.peers.{peer}"
                 common = ["--model-dir", str(self.models[model])]
                 if peer == "sync_fastapi":
-                    procs.start(f"{peer}-{model}", module, "api", "--port", str(port), "--workers", "2", *common)
+                    procs.start(
+                        f"{peer}-{model}",
+                        module,
+                        "api",
+                        "--port",
+                        str(port),
+                        "--workers",
+                        "2",
+                        "--threads",
+                        "1",
+                        *common,
+                    )
                 else:
                     procs.start(
                         f"{peer}-api-{model}", module, "api", "--port", str(port), "--redis-url", self.redis.url

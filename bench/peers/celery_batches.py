@@ -1,98 +1,132 @@
-"""Celery with a Redis broker and result backend, batching with celery-batches' ``Batches``.
+"""Celery on Redis (broker and result backend), batching with celery-batches' ``Batches`` task.
 
-    python -m bench.peers.celery_batches api --port P --redis-url URL
-    python -m bench.peers.celery_batches worker --redis-url URL --model-dir DIR
+    python -m bench.peers.celery_batches api --port 8300 --redis-url redis://127.0.0.1:6380/0
+    python -m bench.peers.celery_batches worker --redis-url redis://127.0.0.1:6380/0 --model-dir models/digits \
+        [--threads 2]
 
-Needs the `bench` extra (celery, celery-batches).
+The API sends one task message per request (``infer.delay(payload_b64, content_type)``) and waits
+with ``AsyncResult(id).get(timeout=wait)``. The worker (``--pool=solo``, concurrency 1: the model
+batches, one process holds it) buffers the messages and runs them as one batch every
+``max_batch`` messages (the model config's) or every 10 ms, storing each request's result with
+``backend.mark_as_done``, as celery-batches' documentation shows. Needs the ``bench`` extra
+(``celery[redis]``, ``celery-batches``). Celery cannot tell an unknown task id from a queued one:
+such a GET answers ``"queued"`` after the wait, never ``404``.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
-import os
-from typing import Any
+import contextlib
+from typing import Annotated, Any
 
-import torch
-import uvicorn
-from celery import Celery
-from celery_batches import Batches
-from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
+from fastapi import Depends, FastAPI, Request, Response
+from redis import Redis, RedisError
 
-from bench.rq_baseline import _handler
-from shared.models import load_model_config
+from bench.peers import MAX_WAIT_S, job_view, load_model, parser
 
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
-MODEL_DIR = os.environ.get("BENCH_MODEL_DIR", "")
-MAX_BATCH = load_model_config(__import__("pathlib").Path(MODEL_DIR)).max_batch if MODEL_DIR else 32
+try:
+    from celery import Celery
+    from celery.exceptions import TimeoutError as CeleryTimeout
+    from celery.result import AsyncResult
+    from celery_batches import Batches, SimpleRequest
+except ImportError as exc:  # the bench extra is not installed
+    hint = "pip install 'celery[redis]' celery-batches"
+    raise SystemExit(f"celery peer unavailable: {exc}; install it with {hint}") from exc
 
-celery_app = Celery("bench", broker=REDIS_URL, backend=REDIS_URL)
-# Batches needs the worker to prefetch at least a batch's worth of messages.
-celery_app.conf.update(worker_prefetch_multiplier=0, result_expires=600, task_serializer="json")
+TASK = "bench.celery_batches.infer"
+RESULT_TTL_S = 600
+FLUSH_INTERVAL_S = 0.01
+
+celery_app = Celery("bench_celery")
+celery_app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    result_expires=RESULT_TTL_S,
+    # celery-batches: the worker must prefetch more than flush_every messages; 0 means no limit.
+    worker_prefetch_multiplier=0,
+    broker_connection_retry_on_startup=True,
+)
+
+# The worker process's model: loaded once before the worker consumes.
+MODEL: Any = None
+
+_STATUS = {"SUCCESS": "finished", "FAILURE": "failed", "REVOKED": "failed", "STARTED": "started"}
 
 
-@celery_app.task(base=Batches, flush_every=MAX_BATCH, flush_interval=0.01)
-def infer(requests: list[Any]) -> None:
-    handler = _handler(MODEL_DIR)
-    good, tensors = [], []
+# flush_every is set from the model's max_batch when the worker starts (the task reads it per message).
+@celery_app.task(base=Batches, name=TASK, flush_every=32, flush_interval=FLUSH_INTERVAL_S)
+def infer(requests: list[SimpleRequest]) -> None:
+    import torch
+
+    items, accepted = [], []
     for request in requests:
-        payload, content_type = request.args
+        payload_b64, content_type = request.args
         try:
-            tensors.append(handler.preprocess(base64.b64decode(payload), content_type))
-            good.append(request)
-        except Exception as exc:  # noqa: BLE001 - one bad item must not fail the batch
-            celery_app.backend.mark_as_failure(request.id, exc, request=request)
-    if not good:
+            items.append(MODEL.preprocess(base64.b64decode(payload_b64), content_type))
+            accepted.append(request)
+        except Exception as exc:  # one bad input fails alone, not its batch
+            # call_errbacks=False: a SimpleRequest has no errbacks attribute.
+            celery_app.backend.mark_as_failure(request.id, exc, request=request, call_errbacks=False)
+    if not items:
         return
-    outputs = handler.predict(torch.stack(tensors))
-    for request, row in zip(good, outputs, strict=True):
-        celery_app.backend.mark_as_done(request.id, handler.postprocess(row), request=request)
+    outputs = MODEL.predict(torch.stack(items))
+    for request, row in zip(accepted, outputs, strict=True):
+        celery_app.backend.mark_as_done(request.id, MODEL.postprocess(row), request=request)
+
+
+async def raw_body(request: Request) -> bytes:
+    return await request.body()
 
 
 def make_app() -> FastAPI:
     app = FastAPI()
+    broker = Redis.from_url(celery_app.conf.broker_url)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    def healthz(response: Response) -> dict[str, str]:
+        try:
+            broker.ping()
+        except RedisError as exc:
+            response.status_code = 503
+            return {"status": f"broker unreachable: {exc}"}
         return {"status": "ok"}
 
     @app.post("/jobs", status_code=202)
-    async def submit(request: Request) -> dict[str, str]:
-        body = await request.body()
-        result = await run_in_threadpool(
-            infer.delay, base64.b64encode(body).decode(), request.headers.get("content-type", "")
-        )
+    def submit(request: Request, body: Annotated[bytes, Depends(raw_body)]) -> dict[str, str]:
+        result = infer.delay(base64.b64encode(body).decode(), request.headers.get("content-type", ""))
         return {"id": result.id}
 
     @app.get("/jobs/{job_id}")
     def get(job_id: str, wait: float = 0) -> dict[str, Any]:
-        result = celery_app.AsyncResult(job_id)
-        try:
-            value = result.get(timeout=wait or None, propagate=False) if wait else None
-        except Exception:  # noqa: BLE001 - a timeout: still running
-            value = None
-        status = {"SUCCESS": "finished", "FAILURE": "failed"}.get(result.state, "queued")
-        return {"id": job_id, "status": status, "result": value if status == "finished" else None}
+        result = AsyncResult(job_id, app=celery_app)
+        wait = min(max(wait, 0.0), MAX_WAIT_S)
+        if wait:
+            with contextlib.suppress(CeleryTimeout):  # still queued: say so
+                result.get(timeout=wait, propagate=False)
+        status = _STATUS.get(result.state, "queued")
+        if status == "finished":
+            return job_view(job_id, status, result.result)
+        if status == "failed":
+            return job_view(job_id, status, error=repr(result.result))
+        return job_view(job_id, status)
 
     return app
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["api", "worker"])
-    parser.add_argument("--port", type=int, default=8300)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--model-dir", default="")
-    args = parser.parse_args()
-    if os.environ.get("BENCH_REDIS_URL") != args.redis_url or os.environ.get("BENCH_MODEL_DIR", "") != args.model_dir:
-        # The task's batch size and the app's broker are read at import: re-exec with them set.
-        os.environ["BENCH_REDIS_URL"], os.environ["BENCH_MODEL_DIR"] = args.redis_url, args.model_dir
-        os.execv(os.sys.executable, [os.sys.executable, "-m", "bench.peers.celery_batches", *os.sys.argv[1:]])
+    args = parser(__doc__, ["api", "worker"], redis=True, port=8300).parse_args()
+    celery_app.conf.update(broker_url=args.redis_url, result_backend=args.redis_url)
     if args.role == "api":
-        uvicorn.run(make_app(), host="127.0.0.1", port=args.port, log_level="warning")
+        import uvicorn
+
+        uvicorn.run(make_app(), host=args.host, port=args.port, log_level="warning")
         return
-    _handler(args.model_dir)
+    if not args.model_dir:
+        raise SystemExit("celery_batches worker: --model-dir is required")
+    global MODEL
+    MODEL = load_model(args.model_dir, args.threads)
+    infer.flush_every = MODEL.config.max_batch
     celery_app.worker_main(
         [
             "worker",
@@ -107,4 +141,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as the importable module, so the task the worker runs sees the MODEL loaded here.
+    from bench.peers.celery_batches import main as module_main
+
+    module_main()
