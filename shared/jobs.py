@@ -349,7 +349,3 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str |
                 return
             except WatchError:
                 continue
-
-
-def queue_length(queues: QueueCache, model: str) -> int:
-    return queues.get(keys.queue_name(model)).count

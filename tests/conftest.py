@@ -11,7 +11,7 @@ import redis as redis_py
 
 from shared.redis_server import RedisServer
 from shared.settings import get_settings
-from tests.stack import ROOT, Stack, new_stack
+from tests.stack import ROOT, Stack, new_stack, serving
 
 
 @pytest.fixture(scope="session")
@@ -54,19 +54,12 @@ def _fresh_settings() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A private Redis, the API, a digits worker and the webhook sender, as real processes."""
-    running = new_stack(tmp_path_factory.mktemp("stack"), INFERQ_TEST_SLOW_S="1.5")
-    try:
+    with serving(new_stack(tmp_path_factory.mktemp("stack"), INFERQ_TEST_SLOW_S="1.5")) as running:
         running.start_api()
         running.start_worker("digits")
         running.start("webhooks", name="webhooks")
         running.wait_for_worker("digits")
         yield running
-    except BaseException:
-        print(running.log_text())
-        raise
-    finally:
-        running.stop_all()
-        running.redis_server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,19 @@ class Stack:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+
+
+@contextmanager
+def serving(stack: Stack) -> Iterator[Stack]:
+    """Stop every process and Redis afterwards; print the logs if setting up failed."""
+    try:
+        yield stack
+    except BaseException:
+        print(stack.log_text())
+        raise
+    finally:
+        stack.stop_all()
+        stack.redis_server.stop()
 
 
 def _ready(base: str) -> bool:

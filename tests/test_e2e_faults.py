@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from shared.redis_server import RedisServer
-from tests.stack import Stack, new_stack, wait_until
+from tests.stack import Stack, new_stack, serving, wait_until
 
 pytestmark = pytest.mark.e2e
 SLOW = {"INFERQ_TEST_SLOW_S": "4"}
@@ -22,16 +22,9 @@ SLOW = {"INFERQ_TEST_SLOW_S": "4"}
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """An API and Redis only: each test starts and breaks its own workers."""
-    running = new_stack(tmp_path_factory.mktemp("faults"))
-    try:
+    with serving(new_stack(tmp_path_factory.mktemp("faults"))) as running:
         running.start_api()
         yield running
-    except BaseException:
-        print(running.log_text())
-        raise
-    finally:
-        running.stop_all()
-        running.redis_server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 from api.app import create_app
 from shared.redis_server import free_port
 from shared.settings import Settings
-from tests.stack import Stack, new_stack, wait_until
+from tests.stack import Stack, new_stack, serving, wait_until
 
 pytestmark = pytest.mark.e2e
 A = {"Authorization": "Bearer key-a"}
@@ -23,19 +23,10 @@ B = {"Authorization": "Bearer key-b"}
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """An API with two keys, a queue limit of 3 and no webhook allow-list; no workers."""
-    running = new_stack(
-        tmp_path_factory.mktemp("secured"),
-        INFERQ_API_KEYS="key-a,key-b",
-        INFERQ_MAX_QUEUE_LENGTH="3",
-        INFERQ_WEBHOOK_ALLOW="",
-    )
-    try:
-        running.start("api", "--port", str(running.port), name="api")
-        wait_until(lambda: _up(running.base), 30, "the API")
+    env = {"INFERQ_API_KEYS": "key-a,key-b", "INFERQ_MAX_QUEUE_LENGTH": "3", "INFERQ_WEBHOOK_ALLOW": ""}
+    with serving(new_stack(tmp_path_factory.mktemp("secured"), **env)) as running:
+        running.start_api()
         yield running
-    finally:
-        running.stop_all()
-        running.redis_server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -43,13 +34,6 @@ def _empty_queues(secured: Stack) -> None:
     client = secured.redis()
     client.flushall()
     client.close()
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def submit(stack: Stack, values: list[float], headers: dict[str, str] = A, **extra: object) -> httpx.Response:

@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.stack import Stack, new_stack
+from tests.stack import Stack, new_stack, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -23,14 +23,10 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def api_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # A 1 s cap on waits keeps generated `Prefer: wait=` and `?wait=` requests short.
-    running = new_stack(tmp_path_factory.mktemp("schema"), INFERQ_MAX_WAIT_S="1")
-    try:
+    with serving(new_stack(tmp_path_factory.mktemp("schema"), INFERQ_MAX_WAIT_S="1")) as running:
         running.start_api()
         running.start_worker("digits")
         yield running
-    finally:
-        running.stop_all()
-        running.redis_server.stop()
 
 
 def test_no_server_errors_and_responses_match_the_schema(api_stack: Stack) -> None:
