@@ -92,7 +92,7 @@ def bare_model(model_dir: Path, batch_sizes: list[int], min_time_s: float) -> di
 
 def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int) -> dict[str, Any]:
     """Jobs already enqueued, drained by one worker: inferq's BatchWorker vs RQ's SimpleWorker."""
-    from bench import rq_baseline
+    from bench.peers import plain_rq
 
     connection = Redis.from_url(redis_url)
     settings = Settings(redis_url=redis_url)
@@ -116,7 +116,7 @@ def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int) -> di
     inferq_s = time.perf_counter() - started
 
     connection.flushall()
-    rq_per_s = rq_baseline.drain_rate(connection, model_dir, [payloads[i % 8] for i in range(rq_jobs)], content_type)
+    rq_per_s = plain_rq.drain_rate(connection, model_dir, [payloads[i % 8] for i in range(rq_jobs)], content_type)
     connection.flushall()
     connection.close()
     inferq_per_s = inferq_jobs / inferq_s

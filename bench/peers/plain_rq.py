@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import base64
 import math
+import os
+import time
+from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from redis import Redis, RedisError
 from rq import Queue, SimpleWorker
@@ -102,6 +106,19 @@ def make_app(redis_url: str) -> FastAPI:
         return job_view(job_id, "failed", error=error[-1] if error else result.type.name.lower())
 
     return app
+
+
+def drain_rate(connection: Redis, model_dir: Path, payloads: list[bytes], content_type: str) -> float:
+    """Jobs per second one SimpleWorker drains from a queue filled beforehand (the drain baseline)."""
+    global MODEL
+    MODEL = load_model(model_dir, torch.get_num_threads())  # loaded before the clock starts, like inferq's
+    queue = Queue(QUEUE, connection=connection, serializer=JSONSerializer)
+    for payload in payloads:
+        queue.enqueue(predict, base64.b64encode(payload).decode(), content_type, result_ttl=RESULT_TTL_S, ttl=TTL_S)
+    worker = SimpleWorker([queue], connection=connection, serializer=JSONSerializer, name=f"bench-rq-{os.getpid()}")
+    started = time.perf_counter()
+    worker.work(burst=True, logging_level="WARNING")
+    return len(payloads) / (time.perf_counter() - started)
 
 
 def main() -> None:
