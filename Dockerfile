@@ -29,7 +29,7 @@ COPY api/ api/
 COPY shared/ shared/
 COPY workers/ workers/
 COPY inferq/ inferq/
-RUN pip install . && rm -rf build *.egg-info
+RUN pip install '.[onnx]' && rm -rf build *.egg-info
 
 # The model repository is read at run time, not installed; mount another over it to serve other models.
 COPY models/ models/

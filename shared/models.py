@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shared.errors import ConfigError
 from shared.keys import MODEL_NAME_RE
 
-BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor")
+BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor", "text_classifier", "text_embedding")
+# How the weights are stored; a config without "format" keeps the original TorchScript loading.
+Format = Literal["export", "safetensors", "huggingface", "onnx", "torchscript"]
 
 
 class ImageInput(BaseModel):
@@ -47,11 +49,22 @@ class ModelConfig(BaseModel):
     description: str = ""
     # A built-in handler name, or "package.module:ClassName" for a user's own handler.
     handler: str = "image_classifier"
+    format: Format = "torchscript"
+    # A file (or, for "huggingface", a folder written by save_pretrained) inside the model's folder.
     weights: str = "model.pt"
+    # "package.module:factory" building the nn.Module that a safetensors file's weights fit.
+    module: str | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    compile: bool = False
+    # Run one batch at start so the first client's job does not pay for lazy initialisation.
+    warmup: bool = False
     input: Annotated[ImageInput | TensorInput, Field(discriminator="kind")]
     labels: list[str] | None = None
     top_k: int = Field(default=5, ge=1)
     max_batch: int = Field(default=32, ge=1, le=4096)
+    # Sequence models: split a popped batch into sub-batches of similar length, each at most this
+    # many tokens once padded, so one long text does not make many short ones pay for its padding.
+    max_batch_tokens: int | None = Field(default=None, ge=1)
     retries: int | None = Field(default=None, ge=0, le=10)
     max_queue_length: int | None = Field(default=None, ge=1)
     device: str = "auto"
@@ -70,13 +83,31 @@ def load_model_config(folder: Path) -> ModelConfig:
     try:
         raw = json.loads(config_file.read_text())
         config = ModelConfig.model_validate({**raw, "name": name, "path": folder})
-    except (OSError, ValueError, ValidationError) as exc:
-        raise ConfigError(f"{config_file}: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"{config_file}: {_one_line(exc)}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{config_file}: {exc}") from None
     if config.handler not in BUILTIN_HANDLERS and ":" not in config.handler:
         raise ConfigError(
             f"{config_file}: handler must be one of {BUILTIN_HANDLERS} or 'module:Class', got {config.handler!r}"
         )
+    if config.format == "safetensors" and not config.module:
+        raise ConfigError(f"{config_file}: format 'safetensors' needs \"module\": \"package.module:factory\"")
+    if config.module and config.format != "safetensors":
+        raise ConfigError(f"{config_file}: \"module\" applies only to format 'safetensors'")
+    if config.compile and config.format == "onnx":
+        raise ConfigError(f"{config_file}: \"compile\" applies to torch formats, not 'onnx'")
     return config
+
+
+def _one_line(exc: ValidationError) -> str:
+    """Pydantic's report as one line a person can act on: where, what, and the value given."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "config"
+        given = f" (got {error['input']!r})" if error["type"] not in ("missing",) and "input" in error else ""
+        parts.append(f"{where}: {error['msg']}{given}"[:300])
+    return "; ".join(parts)
 
 
 def load_model_configs(models_dir: Path) -> dict[str, ModelConfig]:
