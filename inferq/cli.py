@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from shared.errors import AppError
+from shared.errors import AppError, ConfigError
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("inferq")
 STOP_GRACE_S = 15.0
+# sysexits' EX_CONFIG: a worker that cannot load its model exits with it, and `inferq up` stops instead of restarting.
+EXIT_CONFIG = 78
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 
@@ -107,8 +109,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from shared.models import load_model_configs
     from shared.rqjson import refuse_pickle
     from workers.batching import BatchWorker
-    from workers.handlers import load_handler, resolve_device
-    from workers.running import ModelRunner
+    from workers.handlers import resolve_device
+    from workers.running import load_runner
 
     settings = get_settings()
     url = _require_redis(settings)
@@ -122,11 +124,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     for name in names:
         config = configs[name]
         device = resolve_device(args.device or (settings.device if config.device == "auto" else config.device))
-        handler = load_handler(config, device, max_image_pixels=settings.max_image_pixels)
-        handler.load()
         max_batch = min(config.max_batch, args.max_batch or settings.max_batch or config.max_batch)
-        runners[name] = ModelRunner(config, handler, device, max(1, max_batch))
-        log.info("model %s loaded on %s, max batch %d", name, device, max_batch)
+        runners[name] = load_runner(config, device, max_batch, max_image_pixels=settings.max_image_pixels)
+        log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, max_batch)
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,
@@ -191,6 +191,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             for index, (child, cmd) in enumerate(zip(children, commands, strict=True)):
                 if child.poll() is None:
                     continue
+                if child.returncode == EXIT_CONFIG:
+                    # A model that cannot load will not load on a restart either: its line is already printed.
+                    print(f"inferq: {' '.join(cmd[3:])} could not start (see above); stopping", file=sys.stderr)
+                    stopping, code = True, EXIT_CONFIG
+                    break
                 # A crashed worker is replaced: its jobs come back through RQ's abandoned-job retries.
                 restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
                 if len(restarts) > MAX_RESTARTS:
@@ -275,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"inferq: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
     except AppError as exc:
         print(f"inferq: {exc.message}", file=sys.stderr)
         return 2

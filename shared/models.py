@@ -54,6 +54,8 @@ class ModelConfig(BaseModel):
     weights: str = "model.pt"
     # "package.module:factory" building the nn.Module that a safetensors file's weights fit.
     module: str | None = None
+    # Text handlers: the tokenizer's folder (save_pretrained output) when it is not the weights folder.
+    tokenizer: str | None = None
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     compile: bool = False
     # Run one batch at start so the first client's job does not pay for lazy initialisation.
@@ -92,11 +94,11 @@ def load_model_config(folder: Path) -> ModelConfig:
             f"{config_file}: handler must be one of {BUILTIN_HANDLERS} or 'module:Class', got {config.handler!r}"
         )
     if config.format == "safetensors" and not config.module:
-        raise ConfigError(f"{config_file}: format 'safetensors' needs \"module\": \"package.module:factory\"")
+        raise ConfigError(f'{config_file}: format \'safetensors\' needs "module": "package.module:factory"')
     if config.module and config.format != "safetensors":
         raise ConfigError(f"{config_file}: \"module\" applies only to format 'safetensors'")
-    if config.compile and config.format == "onnx":
-        raise ConfigError(f"{config_file}: \"compile\" applies to torch formats, not 'onnx'")
+    if config.format == "onnx" and (config.compile or config.dtype != "float32"):
+        raise ConfigError(f'{config_file}: "compile" and "dtype" apply to torch formats; ONNX graphs fix their own')
     return config
 
 

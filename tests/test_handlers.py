@@ -315,8 +315,12 @@ def test_user_handler_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     out = handler.predict(torch.stack([handler.preprocess(b"2", "text/plain")]))
     assert handler.postprocess(out[0]) == {"output": [6.0]}
 
-    for spec in ("inferq_test_user_handlers:NotAHandler", "inferq_test_user_handlers:Missing"):
-        with pytest.raises(ConfigError, match="not a subclass"):
+    refusals = {
+        "inferq_test_user_handlers:NotAHandler": "is not a subclass of workers.handlers.Handler",
+        "inferq_test_user_handlers:Missing": "inferq_test_user_handlers has no 'Missing'",
+    }
+    for spec, message in refusals.items():
+        with pytest.raises(ConfigError, match=f"^model 'm': handler .*{message}"):
             load_handler(config.model_copy(update={"handler": spec}), CPU)
     with pytest.raises(ConfigError, match="cannot import"):
         load_handler(config.model_copy(update={"handler": "inferq_no_such_module:X"}), CPU)

@@ -219,12 +219,21 @@ class BatchWorker(SimpleWorker):
             beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
             beat.start()
             try:
-                inference_ms = run_batch(runner, items)
+                report = run_batch(runner, items)
             finally:
                 stop.set()
                 beat.join()
             for item in items:
-                item.info["inference_ms"] = f"{inference_ms:.3f}"
+                item.info["inference_ms"] = f"{report.inference_ms:.3f}"
+            if report.padded_tokens:
+                log.debug(
+                    "model %s: batch of %d in %d forward(s), %d tokens, padding waste %.1f%%",
+                    runner.config.name,
+                    len(items),
+                    report.forwards,
+                    report.tokens,
+                    100 * report.padding_waste,
+                )
             self._running = None  # from here on a forced stop must not requeue: results are being stored
             self._retrying(lambda: self._finish(runner, items, queue))
         self.batches_run += 1

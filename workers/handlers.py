@@ -1,13 +1,13 @@
-"""Model handlers: turn one request's bytes into a tensor, run a batch, turn each output row into JSON."""
+"""Model handlers: a request's bytes -> an item, items -> a batch -> outputs, each output -> JSON."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
 import struct
 import warnings
+from collections.abc import Mapping
 from io import BytesIO
 from typing import Any
 
@@ -17,6 +17,10 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from shared.errors import ConfigError, InvalidInput, UnsupportedMedia
 from shared.models import ImageInput, ModelConfig, TensorInput
+from workers.collation import move_batch, pad_sequences, split, stack, to_device
+from workers.formats import DTYPES, import_object, load_model
+
+__all__ = ["Handler", "finite_list", "load_handler", "move_batch", "pad_sequences", "resolve_device"]
 
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 
@@ -27,22 +31,33 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct
 class Handler:
     """How one model turns request payloads into results; the worker drives it.
 
-    Lifecycle, as the worker calls it:
+    Lifecycle, as the worker calls it (one process, the model stays loaded):
 
     1. ``__init__(config, device)``: once per model; cheap, no weights yet.
-    2. ``load()``: once, loads the weights onto ``self.device`` into ``self.model``. The
-       default loads TorchScript from ``config.weights_path`` and puts it in eval mode.
-    3. ``preprocess(payload, content_type)``: per request. Returns ONE item as a CPU tensor
-       without a batch axis, so that items can be stacked. Raises ``InvalidInput`` (or
-       ``UnsupportedMedia``) with a short message the client can read; anything else is
-       treated as a bug in the handler.
-    4. ``predict(batch)``: per batch. ``batch`` is the stacked items, already on the device;
-       it runs under ``torch.inference_mode()`` and returns one output row per input.
-    5. ``postprocess(row)``: per item. One output row becomes a JSON-able object; floats
-       must be finite (use ``finite_list``), since results are stored as strict JSON.
+    2. ``load()``: once. The default loads ``config.weights`` in ``config.format`` (export,
+       safetensors, huggingface, onnx, torchscript) onto ``self.device`` in ``config.dtype``
+       into ``self.model``. Errors here stop the worker at start with one readable line.
+    3. ``preprocess(payload, content_type)``: per item, on the CPU. Returns ANY object: a tensor,
+       a dict of tensors, token ids, a string. Raise ``InvalidInput`` (or ``UnsupportedMedia``)
+       with a short message the client can read; it fails that item only.
+    4. ``collate(items)``: per batch. Returns the batch in whatever form ``predict`` takes, on the
+       device. The default stacks tensors and dicts of same-shape tensors (floating ones cast to
+       the config's dtype) and passes anything else as a list; variable-length items call
+       ``pad_sequences`` (right padding, a pad value per key, 0 for attention masks).
+    5. ``predict(batch)``: per batch, under ``torch.inference_mode()``. The default calls
+       ``self.model(batch)``, or ``self.model(**batch)`` for a dict.
+    6. ``uncollate(outputs, n)``: one output per item; outputs may differ in size from item to
+       item. The default splits tensors and dicts of tensors along the first axis (floats back to
+       float32 on the CPU) and passes lists through. A count other than ``n`` fails the batch.
+    7. ``postprocess(output)``: per item, returns JSON-able data; floats must be finite (use
+       ``finite_list``), since results are stored as strict JSON.
 
-    A user handler is named in ``config.json`` as ``"handler": "my_pkg.handlers:Doubler"``
-    (``my_pkg`` must be importable by the worker)::
+    A batch that cannot be collated never runs at batch size 1: the worker isolates an item that
+    cannot be collated even alone, and runs the rest in groups of the same shape (and warns).
+    Out of memory in ``predict`` halves the batch and lowers the model's batch ceiling.
+
+    A user handler is named in ``config.json`` as ``"handler": "my_pkg.handlers:Detector"``
+    (``my_pkg`` must be importable by the worker). Here, outputs differ in size per item::
 
         import json
         from typing import Any
@@ -50,52 +65,101 @@ class Handler:
         import torch
 
         from shared.errors import InvalidInput
-        from workers.handlers import Handler, finite_list
+        from workers.handlers import Handler, finite_list, pad_sequences
 
 
-        class Doubler(Handler):
+        class Detector(Handler):
+            # {"inputs": [x, ...]} in; every value over the threshold out.
+
             def load(self) -> None:
-                self.model = lambda batch: batch * 2  # no weights: anything callable works
+                self.model = lambda batch: [row[row > 0.5] for row in batch]  # anything callable works
 
             def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
                 try:
-                    return torch.tensor(float(json.loads(payload)["x"]))
+                    return torch.tensor(json.loads(payload)["inputs"], dtype=torch.float32)
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise InvalidInput(f'expected {{"x": <number>}}: {exc}') from exc
+                    raise InvalidInput(f'expected {{"inputs": [<number>, ...]}}: {exc}') from exc
 
-            def postprocess(self, row: torch.Tensor) -> dict[str, Any]:
-                return {"doubled": finite_list(row)}
+            def collate(self, items: list[torch.Tensor]) -> torch.Tensor:
+                return pad_sequences(items, pad_value=0.0)  # items differ in length
+
+            def postprocess(self, output: torch.Tensor) -> dict[str, Any]:
+                return {"boxes": finite_list(output)}  # a list of any length per item
     """
+
+    # The transformers class a Hugging Face folder is loaded with, for this handler.
+    auto_class = "AutoModel"
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         self.config = config
         self.device = device
+        self.dtype = DTYPES[config.dtype]
         self.model: Any = None
 
     def load(self) -> None:
-        """Load the TorchScript weights once onto the device."""
-        path = self.config.weights_path
-        if not path.is_file():
-            raise ConfigError(f"model {self.config.name!r}: weights file {path} does not exist")
-        self.model = torch.jit.load(str(path), map_location=self.device).eval()
+        """Load the weights once onto the device."""
+        self.model = load_model(self.config, self.device, self.auto_class)
 
-    def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
-        """One payload -> one CPU tensor without a batch axis."""
+    def preprocess(self, payload: bytes, content_type: str) -> Any:
+        """One payload -> one item, on the CPU."""
         raise NotImplementedError
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
-        """A stacked batch on the device -> one output row per input."""
+    def collate(self, items: list[Any]) -> Any:
+        """Items -> the batch ``predict`` takes, on the device."""
+        return to_device(stack(items), self.device, self.dtype)
+
+    def predict(self, batch: Any) -> Any:
+        """The batch -> the model's outputs for every item."""
+        outputs = self.model(**batch) if isinstance(batch, dict) else self.model(batch)
+        return primary_output(outputs)
+
+    def uncollate(self, outputs: Any, n: int) -> list[Any]:
+        """The batch's outputs -> one output per item."""
+        return split(outputs, n)
+
+    def postprocess(self, output: Any) -> Any:
+        """One item's output -> a JSON-able object."""
+        return {"output": finite_list(output)}
+
+    def item_length(self, item: Any) -> int | None:
+        """Tokens (or steps) an item takes, for ``max_batch_tokens``; None: not a sequence model."""
+        return None
+
+    def warmup_payload(self) -> tuple[bytes, str] | None:
+        """A valid request payload and content type for warm-up runs; None if the handler cannot make one."""
+        return None
+
+    def run(self, payloads: list[tuple[bytes, str]]) -> list[Any]:
+        """The whole lifecycle for a few payloads, without the worker's isolation: warm-up, scripts, peers."""
+        items = [self.preprocess(payload, content_type) for payload, content_type in payloads]
         with torch.inference_mode():
-            return self.model(batch)
-
-    def postprocess(self, row: torch.Tensor) -> Any:
-        """One output row -> a JSON-able object."""
-        return {"output": finite_list(row)}
+            outputs = self.uncollate(self.predict(self.collate(items)), len(items))
+        return [self.postprocess(output) for output in outputs]
 
 
-def finite_list(row: torch.Tensor) -> Any:
-    """A tensor as nested Python lists (or a scalar), with NaN and infinities as None."""
-    return _finite(row.detach().cpu().tolist())
+def primary_output(outputs: Any) -> Any:
+    """A Hugging Face ModelOutput's logits (or embedding), so built-in handlers see a tensor."""
+    # transformers' ModelOutput is a dict with to_tuple(); checked by shape so torch-only models need no transformers.
+    if isinstance(outputs, Mapping) and hasattr(outputs, "to_tuple"):
+        for name in ("logits", "pooler_output"):
+            value = getattr(outputs, name, None)
+            if value is not None:
+                return value
+        hidden = getattr(outputs, "last_hidden_state", None)
+        if hidden is not None:
+            return hidden[:, 0]  # the first token's state: CLS for encoders
+    return outputs
+
+
+def finite_list(value: Any) -> Any:
+    """A tensor (or dict or list of them) as nested Python lists, with NaN and infinities as None."""
+    if isinstance(value, torch.Tensor):
+        return _finite(value.detach().float().cpu().tolist() if value.is_floating_point() else value.cpu().tolist())
+    if isinstance(value, Mapping):
+        return {str(key): finite_list(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_list(item) for item in value]
+    return _finite(value)
 
 
 def _finite(value: Any) -> Any:
@@ -138,6 +202,14 @@ class ImageClassifier(Handler):
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
         pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
         return ((pixels - self._mean) / self._std).contiguous()
+
+    def warmup_payload(self) -> tuple[bytes, str] | None:
+        height, width = self.input.size
+        buffer = BytesIO()
+        Image.new(self.input.mode, (width, height), 128 if self.input.mode == "L" else (128, 128, 128)).save(
+            buffer, format="PNG"
+        )
+        return buffer.getvalue(), "image/png"
 
     def _decode(self, payload: bytes) -> Image.Image:
         try:
@@ -194,6 +266,12 @@ class TensorHandler(Handler):
             raise ConfigError(f"model {config.name!r}: handler {config.handler!r} needs a tensor input")
         self.input: TensorInput = config.input
 
+    def warmup_payload(self) -> tuple[bytes, str] | None:
+        zeros: Any = 0
+        for size in reversed(self.input.shape):
+            zeros = [zeros] * size
+        return json.dumps({"inputs": zeros}).encode(), "application/json"
+
     def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
         media_type = content_type.split(";")[0].strip().lower()
         if media_type and media_type != "application/json" and not media_type.endswith("+json"):
@@ -234,35 +312,27 @@ def _check_array(value: Any, shape: tuple[int, ...], integer: bool, where: str) 
         raise InvalidInput(f"{where}: expected a finite number, got {value!r}")
 
 
-BUILTINS: dict[str, type[Handler]] = {
-    "image_classifier": ImageClassifier,
-    "image_embedding": ImageEmbedding,
-    "tensor": TensorHandler,
+# Built-in handlers by config name; text handlers live in workers.text (they need transformers).
+BUILTINS: dict[str, str] = {
+    "image_classifier": "workers.handlers:ImageClassifier",
+    "image_embedding": "workers.handlers:ImageEmbedding",
+    "tensor": "workers.handlers:TensorHandler",
+    "text_classifier": "workers.text:TextClassifier",
+    "text_embedding": "workers.text:TextEmbedding",
 }
 
 
 def load_handler(config: ModelConfig, device: torch.device, **kwargs: Any) -> Handler:
     """The handler a config names, built-in or ``package.module:ClassName``; weights not loaded yet."""
-    cls = BUILTINS.get(config.handler) or _import_handler(config.handler)
+    spec = BUILTINS.get(config.handler, config.handler)
+    cls = import_object(spec, f"model {config.name!r}: handler")
+    if not (isinstance(cls, type) and issubclass(cls, Handler)):
+        raise ConfigError(f"model {config.name!r}: handler {spec!r} is not a subclass of workers.handlers.Handler")
     # The worker passes the same options to every model; each handler takes only those it declares.
     params = inspect.signature(cls).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {key: value for key, value in kwargs.items() if key in params}
     return cls(config, device, **kwargs)
-
-
-def _import_handler(spec: str) -> type[Handler]:
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise ConfigError(f"handler {spec!r} must be a built-in name or 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"handler {spec!r}: cannot import {module_name}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Handler)):
-        raise ConfigError(f"handler {spec!r} is not a subclass of workers.handlers.Handler")
-    return cls
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -284,10 +354,3 @@ def resolve_device(spec: str) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ConfigError(f"device {spec!r} requested but only {torch.cuda.device_count()} GPU(s) exist")
     return torch.device("cuda", index)
-
-
-def move_batch(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Put a CPU batch on the device; pinned memory lets the copy to a GPU overlap other work."""
-    if device.type != "cuda" or batch.device == device:
-        return batch
-    return batch.pin_memory().to(device, non_blocking=True)

@@ -1,4 +1,4 @@
-"""Running one batch through a model: per-item preprocessing, one forward pass, per-item output.
+"""Running one batch through a model: per-item preprocessing, collate, one forward pass, per-item output.
 
 No Redis here: ``workers.batching`` loads the batch and stores what this module produced.
 """
@@ -9,15 +9,17 @@ import json
 import logging
 import time
 import traceback
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from shared.errors import AppError
+from shared.errors import AppError, ConfigError
 from shared.models import ModelConfig
 from shared.rqjson import JSONJob
-from workers.handlers import Handler, move_batch
+from workers.collation import CountMismatch, signature
+from workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,9 @@ class ModelRunner:
     config: ModelConfig
     handler: Handler
     device: torch.device
+    # The batch ceiling: lowered (and logged) when a batch runs out of memory, so it is not hit again.
     max_batch: int
+    warned_shapes: bool = False
 
 
 @dataclass
@@ -41,7 +45,7 @@ class Item:
     content_type: str
     info: dict[str, str] = field(default_factory=dict)
     execution: Any = None
-    tensor: torch.Tensor | None = None
+    value: Any = None
     output: Any = None
     error: str | None = None
     traceback: str | None = None
@@ -49,6 +53,22 @@ class Item:
     def fail(self, reason: str, exc: BaseException | None = None) -> None:
         self.error = reason
         self.traceback = "".join(traceback.format_exception(exc)) if exc is not None else reason
+
+
+@dataclass
+class BatchReport:
+    """What running one popped batch took: the worker logs it (and metrics read it)."""
+
+    inference_ms: float = 0.0
+    collates: int = 0
+    forwards: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+
+    @property
+    def padding_waste(self) -> float:
+        """The share of the padded token grid that was padding (0 when nothing was padded)."""
+        return 1.0 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
 def readable(exc: BaseException) -> str:
@@ -59,45 +79,179 @@ def readable(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def run_batch(runner: ModelRunner, items: list[Item]) -> float:
-    """Fill each item's output or error; returns the batch's inference time in ms."""
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's own error, a host MemoryError, or any error whose message says so (other backends, ONNX)."""
+    return isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError) or "out of memory" in str(exc).lower()
+
+
+def run_batch(runner: ModelRunner, items: list[Item]) -> BatchReport:
+    """Fill each item's output or error."""
     started = time.perf_counter()
+    report = BatchReport()
     for item in items:
         if item.payload is None:
             item.fail("the job's input expired before it ran")
             continue
         try:
-            item.tensor = runner.handler.preprocess(item.payload, item.content_type)
+            item.value = runner.handler.preprocess(item.payload, item.content_type)
         except Exception as exc:  # one bad item fails only its own job
             item.fail(readable(exc), exc)
-    _predict(runner, [item for item in items if item.error is None])
-    return (time.perf_counter() - started) * 1000.0
+    for group in plan(runner, [item for item in items if item.error is None]):
+        _run_group(runner, group, report)
+    report.inference_ms = (time.perf_counter() - started) * 1000.0
+    return report
 
 
-def _predict(runner: ModelRunner, items: list[Item]) -> None:
-    """Run a batch; if the whole batch fails, split it so only the guilty item fails."""
+def plan(runner: ModelRunner, items: list[Item]) -> list[list[Item]]:
+    """Sub-batches within the ceiling; with ``max_batch_tokens``, of similar lengths within the token budget."""
     if not items:
-        return
+        return []
+    budget = runner.config.max_batch_tokens
+    lengths = [runner.handler.item_length(item.value) for item in items] if budget else []
+    if not budget or any(length is None for length in lengths):
+        return [items[i : i + runner.max_batch] for i in range(0, len(items), runner.max_batch)]
+    groups: list[list[Item]] = []
+    group: list[Item] = []
+    longest = 0
+    for length, item in sorted(zip(lengths, items, strict=True), key=lambda pair: pair[0] or 0):
+        size = length or 0
+        # Sorted ascending, so the newcomer is the longest: the padded grid is count x its length.
+        if group and ((len(group) + 1) * max(longest, size) > budget or len(group) >= runner.max_batch):
+            groups.append(group)
+            group, longest = [], 0
+        group.append(item)
+        longest = max(longest, size)
+    groups.append(group)
+    return groups
+
+
+def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isolate: bool = True) -> None:
+    handler = runner.handler
+    report.collates += 1
     try:
-        batch = move_batch(torch.stack([item.tensor for item in items]), runner.device)  # type: ignore[misc]
-        outputs = runner.handler.predict(batch)
-        if len(outputs) != len(items):
-            raise RuntimeError(f"model returned {len(outputs)} rows for {len(items)} inputs")
-        outputs = outputs.detach().to("cpu")
+        batch = handler.collate([item.value for item in items])
     except Exception as exc:
-        if len(items) == 1:
+        if not isolate:
+            for item in items:
+                item.fail(f"could not batch this input: {readable(exc)}", exc)
+            return
+        _collate_apart(runner, items, exc, report)
+        return
+    lengths = [handler.item_length(item.value) for item in items]
+    if all(length is not None for length in lengths):
+        report.tokens += sum(length or 0 for length in lengths)
+        report.padded_tokens += len(items) * max(length or 0 for length in lengths)
+    _forward(runner, items, batch, report)
+
+
+def _collate_apart(runner: ModelRunner, items: list[Item], exc: Exception, report: BatchReport) -> None:
+    """A batch that does not collate: fail what cannot be batched even alone, run the rest by shape."""
+    good = []
+    for item in items:
+        try:
+            runner.handler.collate([item.value])
+        except Exception as alone:
+            log.info("job %s: input cannot be batched (%s)", item.job.id, alone)
+            item.fail(f"could not batch this input: {readable(alone)}", alone)
+        else:
+            good.append(item)
+    groups: dict[Any, list[Item]] = defaultdict(list)
+    for item in good:
+        groups[signature(item.value)].append(item)
+    if len(groups) > 1 and not runner.warned_shapes:
+        runner.warned_shapes = True
+        log.warning(
+            "model %s: its handler's collate cannot batch items of different shapes (%s); running them in groups "
+            "of one shape. Pad them in collate (workers.handlers.pad_sequences) to batch them together.",
+            runner.config.name,
+            readable(exc),
+        )
+    for group in groups.values():
+        _run_group(runner, group, report, isolate=False)
+
+
+def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchReport) -> None:
+    """One forward pass; out of memory halves the batch, any other failure bisects to the guilty item."""
+    handler = runner.handler
+    report.forwards += 1
+    try:
+        with torch.inference_mode():
+            outputs = handler.predict(batch)
+    except Exception as exc:
+        del batch
+        half = len(items) // 2
+        if is_out_of_memory(exc):
+            if runner.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(items) == 1:
+                log.error("model %s: out of memory on a batch of one (job %s)", runner.config.name, items[0].job.id)
+                items[0].fail(f"the model ran out of memory on this input alone: {readable(exc)}", exc)
+                return
+            if half < runner.max_batch:
+                runner.max_batch = half
+                log.warning(
+                    "model %s: out of memory at batch %d; batch ceiling lowered to %d",
+                    runner.config.name,
+                    len(items),
+                    half,
+                )
+        elif len(items) == 1:
             log.exception("model failed on job %s", items[0].job.id)
             items[0].fail(f"model failed on this input: {readable(exc)}", exc)
             return
-        log.warning("batch of %d failed (%s); splitting to isolate the bad item", len(items), exc)
-        half = len(items) // 2
-        _predict(runner, items[:half])
-        _predict(runner, items[half:])
+        else:
+            log.warning("batch of %d failed (%s); splitting to isolate the bad item", len(items), exc)
+        _run_group(runner, items[:half], report)
+        _run_group(runner, items[half:], report)
         return
-    for item, row in zip(items, outputs, strict=True):
+    try:
+        per_item = handler.uncollate(outputs, len(items))
+        if len(per_item) != len(items):
+            raise CountMismatch(f"uncollate returned {len(per_item)} outputs for {len(items)} inputs")
+    except Exception as exc:  # a handler bug: no single item is to blame, so the batch fails as one
+        log.error("model %s: uncollate failed for a batch of %d: %s", runner.config.name, len(items), exc)
+        for item in items:
+            item.fail(f"the model's outputs could not be matched to its inputs: {readable(exc)}", exc)
+        return
+    for item, output in zip(items, per_item, strict=True):
         try:
-            output = runner.handler.postprocess(row)
-            json.dumps(output, allow_nan=False)  # the result must be storable as strict JSON
-            item.output = output
+            result = handler.postprocess(output)
+            json.dumps(result, allow_nan=False)  # the result must be storable as strict JSON
+            item.output = result
         except Exception as exc:
             item.fail(f"could not encode the output: {readable(exc)}", exc)
+
+
+def load_runner(config: ModelConfig, device: torch.device, max_batch: int, **handler_options: Any) -> ModelRunner:
+    """Build the handler, load its weights and warm it up; any failure is one ConfigError naming the model."""
+    handler = load_handler(config, device, **handler_options)
+    try:
+        handler.load()
+    except ConfigError:
+        raise
+    except Exception as exc:  # a user's load() can fail in any way
+        raise ConfigError(f"model {config.name!r}: loading {config.weights_path} failed: {readable(exc)}") from exc
+    runner = ModelRunner(config, handler, device, max(1, max_batch))
+    if config.warmup or config.compile:
+        warm_up(runner)
+    return runner
+
+
+def warm_up(runner: ModelRunner) -> None:
+    """Run batches of one and of the ceiling (and two, for torch.compile's dynamic shapes) before taking jobs."""
+    config, handler = runner.config, runner.handler
+    example = handler.warmup_payload()
+    if example is None:
+        raise ConfigError(
+            f"model {config.name!r}: warm-up needs an example input; handler {config.handler} has no warmup_payload()"
+        )
+    sizes = sorted({1, 2, runner.max_batch} if config.compile else {1, runner.max_batch})
+    started = time.perf_counter()
+    for size in sizes:
+        try:
+            handler.run([example] * size)
+        except Exception as exc:
+            raise ConfigError(
+                f"model {config.name!r}: warm-up with {config.weights_path} failed at batch {size}: {readable(exc)}"
+            ) from exc
+    log.info("model %s warmed up (batches %s) in %.1f s", config.name, sizes, time.perf_counter() - started)

@@ -10,14 +10,13 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, cast
 
-import torch
 from rq import get_current_job
 
 from shared import keys
 from shared.errors import InvalidInput
 from shared.models import load_model_config
 from shared.settings import get_settings
-from workers.handlers import Handler, load_handler, move_batch, resolve_device
+from workers.handlers import Handler, load_handler, resolve_device
 
 
 @lru_cache(maxsize=8)
@@ -39,8 +38,6 @@ def infer(model: str) -> Any:
     content_type = cast(bytes, connection.hget(keys.info_key(job.id), "content_type") or b"")
     if payload is None:
         raise InvalidInput("the job's input expired before it ran")
-    handler = _handler(model)
-    tensor = handler.preprocess(payload, content_type.decode())
-    output = handler.predict(move_batch(tensor.unsqueeze(0), handler.device))
+    (result,) = _handler(model).run([(payload, content_type.decode())])
     connection.delete(keys.payload_key(job.id))
-    return handler.postprocess(output[0].to(torch.device("cpu")))
+    return result

@@ -49,8 +49,8 @@ def load_model(model_dir: str | Path, threads: int) -> Handler:
 
 def run_one(handler: Handler, payload: bytes, content_type: str) -> Any:
     """One request through the model as a batch of one: preprocess, predict, postprocess."""
-    item = handler.preprocess(payload, content_type)
-    return handler.postprocess(handler.predict(item.unsqueeze(0))[0])
+    (result,) = handler.run([(payload, content_type)])
+    return result
 
 
 def job_view(job_id: str | None, status: str, result: Any = None, error: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""Text handlers: the worker tokenizes, pads each batch to its longest item, and masks the padding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from shared.errors import ConfigError, InvalidInput
+from shared.models import ModelConfig
+from workers.collation import pad_sequences, to_device
+from workers.formats import load_tokenizer
+from workers.handlers import Handler, finite_list
+
+# What a tokenizer reports as model_max_length when its files set none.
+_UNSET_LENGTH = 1_000_000
+_DEFAULT_MAX_TOKENS = 512
+
+
+class TextHandler(Handler):
+    """UTF-8 text in (the API stored the string as it was sent); token ids and an attention mask per item."""
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        if config.input.kind != "text":
+            raise ConfigError(f"model {config.name!r}: handler {config.handler!r} needs a text input")
+        self.tokenizer: Any = None
+        self.max_tokens: int = _DEFAULT_MAX_TOKENS
+
+    def load(self) -> None:
+        super().load()
+        self.tokenizer = load_tokenizer(self.config)
+        if self.tokenizer.pad_token_id is None:
+            raise ConfigError(
+                f"model {self.config.name!r}: the tokenizer has no pad token, so batches cannot be padded"
+            )
+        model_config = getattr(self.model, "config", None)
+        limits = [self.tokenizer.model_max_length, getattr(model_config, "max_position_embeddings", None)]
+        known = [limit for limit in limits if isinstance(limit, int) and 0 < limit < _UNSET_LENGTH]
+        self.max_tokens = min(known, default=_DEFAULT_MAX_TOKENS)
+
+    def preprocess(self, payload: bytes, content_type: str) -> dict[str, torch.Tensor]:
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"the text is not valid UTF-8: {exc}") from exc
+        if not text.strip():
+            raise InvalidInput("the text is empty")
+        # Longer texts are cut at the model's limit, as every encoder server does.
+        encoded = self.tokenizer(text, truncation=True, max_length=self.max_tokens)
+        return {key: torch.tensor(value, dtype=torch.long) for key, value in encoded.items()}
+
+    def item_length(self, item: dict[str, torch.Tensor]) -> int:
+        return int(item["input_ids"].shape[0])
+
+    def collate(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        # Right padding with a zero attention mask: a padded item's result matches its result alone.
+        batch = pad_sequences(items, pad_value={"input_ids": self.tokenizer.pad_token_id})
+        return dict(to_device(batch, self.device))
+
+    def warmup_payload(self) -> tuple[bytes, str] | None:
+        return b"Warm-up text for the first batch.", "text/plain; charset=utf-8"
+
+
+class TextClassifier(TextHandler):
+    """A sequence-classification model; the result is the top label, its score and the top k."""
+
+    auto_class = "AutoModelForSequenceClassification"
+
+    def load(self) -> None:
+        super().load()
+        id2label = getattr(getattr(self.model, "config", None), "id2label", None) or {}
+        self.labels = self.config.labels or [str(id2label.get(i, i)) for i in range(len(id2label))]
+
+    def postprocess(self, output: torch.Tensor) -> dict[str, Any]:
+        probs = torch.softmax(output.float().flatten(), dim=0)
+        k = min(self.config.top_k, probs.numel())
+        values, indices = torch.topk(probs, k)
+        top = [
+            {"label": self.labels[i] if i < len(self.labels) else str(i), "score": _score(p)}
+            for p, i in zip(values.tolist(), indices.tolist(), strict=True)
+        ]
+        return {"label": top[0]["label"], "score": top[0]["score"], "top_k": top}
+
+
+class TextEmbedding(TextHandler):
+    """An encoder; the result is the mean of its token states over the attention mask, L2-normalised."""
+
+    auto_class = "AutoModel"
+
+    def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        outputs = self.model(**batch)
+        hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return torch.nn.functional.normalize(pooled.float(), dim=-1)
+
+    def postprocess(self, output: torch.Tensor) -> dict[str, Any]:
+        return {"embedding": finite_list(output), "dim": int(output.numel())}
+
+
+def _score(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None
