@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from workers.formats import save_export
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -64,7 +66,7 @@ def build_models(target: Path, resnet_max_batch: int = 16) -> dict[str, Path]:
     torch.manual_seed(0)
     resnet = target / "resnet"
     resnet.mkdir(exist_ok=True)
-    torch.jit.script(ResNet18().eval()).save(str(resnet / "model.pt"))
+    save_export(ResNet18(), torch.zeros(2, 3, 224, 224), resnet / "model.pt2")
     imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     _config(
         resnet,
@@ -75,15 +77,22 @@ def build_models(target: Path, resnet_max_batch: int = 16) -> dict[str, Path]:
     )
     digits = target / "digits"
     digits.mkdir(exist_ok=True)
-    shutil.copy(ROOT / "models" / "digits" / "model.pt", digits / "model.pt")
+    shutil.copy(ROOT / "models" / "digits" / "model.pt2", digits / "model.pt2")
     shutil.copy(ROOT / "models" / "digits" / "config.json", digits / "config.json")
     noop = target / "noop"
     noop.mkdir(exist_ok=True)
-    torch.jit.script(NoOp()).save(str(noop / "model.pt"))
+    save_export(NoOp(), torch.zeros(2, 4), noop / "model.pt2")
     _config(noop, "tensor", {"kind": "tensor", "shape": [4], "dtype": "float32"}, 256, labels=None)
     return {"resnet": resnet, "digits": digits, "noop": noop}
 
 
 def _config(folder: Path, handler: str, spec: dict[str, object], max_batch: int, labels: list[str] | None) -> None:
-    config = {"handler": handler, "weights": "model.pt", "input": spec, "max_batch": max_batch, "labels": labels}
+    config = {
+        "handler": handler,
+        "format": "export",
+        "weights": "model.pt2",
+        "input": spec,
+        "max_batch": max_batch,
+        "labels": labels,
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2))

@@ -31,7 +31,7 @@ def make_models_dir(target: Path) -> Path:
     for name in ("digits", "digits-batch"):
         folder = target / name
         folder.mkdir()
-        shutil.copy(digits / "model.pt", folder / "model.pt")
+        shutil.copy(digits / "model.pt2", folder / "model.pt2")
         shutil.copy(digits / "config.json", folder / "config.json")
     for name, retries in (("slow", None), ("fragile", 0)):
         folder = target / name

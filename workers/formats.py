@@ -63,6 +63,27 @@ def _place(model: Any, device: torch.device, dtype: torch.dtype) -> Any:
     return model
 
 
+def save_export(module: torch.nn.Module, example: Any, path: Path | str) -> None:
+    """Write ``module`` as a ``torch.export`` program whose first axis (the batch) is dynamic: format "export".
+
+    ``example`` is one batch as ``predict`` passes it: a tensor, a tuple of tensors, or a dict of
+    named tensors (a tokenizer's output, for instance).
+    """
+    batch = torch.export.Dim("batch", min=1, max=65_536)
+    module = module.eval()
+    if isinstance(example, Mapping):
+        args: tuple[Any, ...] = ()
+        kwargs = dict(example)
+        dynamic: Any = {name: {0: batch} for name in kwargs}
+    else:
+        args = example if isinstance(example, tuple) else (example,)
+        kwargs = {}
+        dynamic = tuple({0: batch} for _ in args)
+    with torch.no_grad():
+        program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic)
+    torch.export.save(program, str(path))
+
+
 def _export(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
     # .module() is a GraphModule already traced in eval mode; it refuses .eval().
     return torch.export.load(str(path)).module()

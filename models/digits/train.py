@@ -1,8 +1,9 @@
 """Train the ``digits`` demo model: a small CNN on scikit-learn's bundled 8x8 handwritten digits.
 
 Run from the repository root: ``.venv/bin/python models/digits/train.py``. It needs no download and
-writes ``models/digits/model.pt`` (TorchScript). The model's input is what ``ImageClassifier``
-makes of an 8x8 grayscale image with mean 0.5 / std 0.5: a 1x8x8 tensor of (pixel / 255 - 0.5) / 0.5.
+writes ``models/digits/model.pt2`` (a ``torch.export`` program with a dynamic batch axis). The model's
+input is what ``ImageClassifier`` makes of an 8x8 grayscale image with mean 0.5 / std 0.5: a 1x8x8
+tensor of (pixel / 255 - 0.5) / 0.5.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
+
+from workers.formats import save_export
 
 HERE = Path(__file__).resolve().parent
 MIN_ACCURACY = 0.97
@@ -133,10 +136,10 @@ def main() -> int:
     model, acc = train()
     print(f"held-out accuracy {acc:.4f} ({time.monotonic() - started:.1f}s)")
     if acc < MIN_ACCURACY:
-        print(f"accuracy below {MIN_ACCURACY}: model.pt not written", file=sys.stderr)
+        print(f"accuracy below {MIN_ACCURACY}: model.pt2 not written", file=sys.stderr)
         return 1
-    path = HERE / "model.pt"
-    torch.jit.script(model).save(str(path))
+    path = HERE / "model.pt2"
+    save_export(model, torch.zeros(2, 1, 8, 8), path)
     print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 
