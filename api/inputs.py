@@ -1,22 +1,20 @@
-"""Turning a request into a checked Submission: size limits, image headers, tensors, Prefer."""
+"""HTTP plumbing for submits: body limits, content types, job options, Prefer; input kinds check the input."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
-import warnings
 from typing import Any
 
 from fastapi import Request
-from PIL import Image, UnidentifiedImageError
 from pydantic import AnyHttpUrl, TypeAdapter, ValidationError
 from starlette.datastructures import UploadFile
 
 from shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
+from shared.inputs import InputKind, input_kind
 from shared.jobs import Submission
-from shared.models import ImageInput, ModelConfig, TensorInput
+from shared.models import ModelConfig
 from shared.settings import Settings
 
 _URL = TypeAdapter(AnyHttpUrl)
@@ -95,45 +93,6 @@ def _seconds(value: Any, name: str, most: int) -> int | None:
     return seconds
 
 
-def check_image(data: bytes, settings: Settings) -> str:
-    """Read only the image header: the format Pillow found, or a 415/422."""
-    if not data:
-        raise InvalidInput("the image is empty")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                width, height = image.size
-                fmt = image.format or "unknown"
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise InvalidInput(f"the image has too many pixels (limit {settings.max_image_pixels})") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, ...)") from None
-    if width * height > settings.max_image_pixels:
-        raise InvalidInput(
-            f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"
-        )
-    return fmt
-
-
-def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
-    """The shape of a nested JSON list of finite numbers, checked against the dtype."""
-    if isinstance(value, list):
-        if not value:
-            return [0]
-        shapes = [tensor_shape(v, dtype, f"{where}[{i}]") for i, v in enumerate(value)]
-        if any(shape != shapes[0] for shape in shapes):
-            raise InvalidInput(f"{where} is ragged: its rows have different shapes")
-        return [len(value), *shapes[0]]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{where} must be a number, got {type(value).__name__}")
-    if dtype == "int64" and not isinstance(value, int):
-        raise InvalidInput(f"{where} must be an integer for an int64 model")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidInput(f"{where} is not a finite number")
-    return []
-
-
 def _json_body(body: bytes) -> Any:
     try:
         return json.loads(body, parse_constant=_reject_constant)
@@ -146,45 +105,45 @@ def _reject_constant(name: str) -> Any:
 
 
 async def parse_submission(request: Request, config: ModelConfig, body: bytes, settings: Settings) -> Submission:
-    """Check a job request for ``config`` and turn it into a Submission."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if isinstance(config.input, TensorInput):
-        if content_type != "application/json":
-            raise UnsupportedMedia(f"model {config.name} takes a JSON body {{'inputs': [...]}}")
-        return _tensor_submission(config, config.input, body, settings)
-    if content_type == "multipart/form-data":
-        return await _multipart_submission(request, config, settings)
-    if content_type.startswith("image/") or content_type == "application/octet-stream":
-        check_image(body, settings)
-        return Submission(config.name, body, content_type)
-    raise UnsupportedMedia(
-        f"model {config.name} takes an image: multipart/form-data with a 'file' field, or an image/* body"
-    )
+    """Check a job request for ``config`` and turn it into a Submission; the model's input kind checks the input."""
+    header = request.headers.get("content-type", "")
+    media_type = header.split(";")[0].strip().lower()
+    kind = input_kind(config.input)
+    if media_type == "application/json" and kind.from_json is not None:
+        return _json_submission(config, kind, body, settings)
+    if media_type == "multipart/form-data" and kind.multipart:
+        return await _multipart_submission(request, config, kind, settings)
+    if kind.from_bytes is not None and kind.takes_media(media_type):
+        payload = kind.from_bytes(config.input, body, header, config.name, settings)
+        return Submission(config.name, payload.data, payload.content_type)
+    raise UnsupportedMedia(f"model {config.name} takes {kind.takes}")
 
 
-def _tensor_submission(config: ModelConfig, spec: TensorInput, body: bytes, settings: Settings) -> Submission:
+def _json_submission(config: ModelConfig, kind: InputKind[Any], body: bytes, settings: Settings) -> Submission:
+    assert kind.from_json is not None
     data = _json_body(body)
     if not isinstance(data, dict) or "inputs" not in data:
-        raise InvalidInput("the body must be a JSON object with an 'inputs' array")
+        raise InvalidInput(
+            f"the body must be a JSON object with an 'inputs' field; model {config.name} takes {kind.takes}"
+        )
     unknown = set(data) - _JSON_FIELDS
     if unknown:
         raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
-    shape = tensor_shape(data["inputs"], spec.dtype)
-    if shape != spec.shape:
-        raise InvalidInput(f"inputs has shape {shape}; model {config.name} takes {spec.shape}")
-    payload = json.dumps({"inputs": data["inputs"]}).encode()
+    payload = kind.from_json(config.input, data["inputs"], config.name, settings)
     return Submission(
         config.name,
-        payload,
-        "application/json",
+        payload.data,
+        payload.content_type,
         webhook=_webhook(data.get("webhook")),
         result_ttl_s=_result_ttl(data.get("result_ttl"), settings),
         deadline_s=_seconds(data.get("ttl"), "ttl", settings.queue_ttl_s),
     )
 
 
-async def _multipart_submission(request: Request, config: ModelConfig, settings: Settings) -> Submission:
-    assert isinstance(config.input, ImageInput)
+async def _multipart_submission(
+    request: Request, config: ModelConfig, kind: InputKind[Any], settings: Settings
+) -> Submission:
+    assert kind.from_bytes is not None
     try:
         form = await request.form(max_files=1, max_fields=10)
     except Exception as exc:  # Starlette raises its own types for malformed multipart
@@ -195,16 +154,16 @@ async def _multipart_submission(request: Request, config: ModelConfig, settings:
             raise InvalidInput(f"unknown form fields: {', '.join(sorted(unknown))}")
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise InvalidInput("the form needs a 'file' field holding the image")
+            raise InvalidInput(f"the form needs a 'file' field holding the {kind.name}")
         data = await upload.read()
-        check_image(data, settings)
+        payload = kind.from_bytes(config.input, data, upload.content_type or "", config.name, settings)
         webhook = form.get("webhook")
         result_ttl = form.get("result_ttl")
         deadline = form.get("ttl")
         return Submission(
             config.name,
-            data,
-            upload.content_type or "application/octet-stream",
+            payload.data,
+            payload.content_type,
             webhook=_webhook(webhook if isinstance(webhook, str) else None),
             result_ttl_s=_result_ttl(result_ttl if isinstance(result_ttl, str) else None, settings),
             deadline_s=_seconds(deadline if isinstance(deadline, str) else None, "ttl", settings.queue_ttl_s),

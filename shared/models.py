@@ -7,37 +7,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ConfigError
+
+# Re-exported: handlers and tests name the input classes from here.
+from shared.inputs import ImageInput as ImageInput
+from shared.inputs import Input
+from shared.inputs import JsonInput as JsonInput
+from shared.inputs import TensorInput as TensorInput
+from shared.inputs import TextInput as TextInput
 from shared.keys import MODEL_NAME_RE
 
 BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor", "text_classifier", "text_embedding")
 # How the weights are stored; a config without "format" keeps the original TorchScript loading.
 Format = Literal["export", "safetensors", "huggingface", "onnx", "torchscript"]
-
-
-class ImageInput(BaseModel):
-    """How an uploaded image becomes the model's input tensor."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["image"] = "image"
-    mode: Literal["L", "RGB"] = "RGB"
-    size: tuple[int, int] = (224, 224)  # (height, width)
-    # Pixels are scaled to [0, 1], then normalized per channel.
-    mean: list[float] = Field(default_factory=lambda: [0.0])
-    std: list[float] = Field(default_factory=lambda: [1.0])
-
-
-class TensorInput(BaseModel):
-    """A JSON array of the given shape (one item, no batch axis) and dtype."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["tensor"] = "tensor"
-    shape: list[int]
-    dtype: Literal["float32", "float64", "int64"] = "float32"
 
 
 class ModelConfig(BaseModel):
@@ -60,7 +46,7 @@ class ModelConfig(BaseModel):
     compile: bool = False
     # Run one batch at start so the first client's job does not pay for lazy initialisation.
     warmup: bool = False
-    input: Annotated[ImageInput | TensorInput, Field(discriminator="kind")]
+    input: Input
     labels: list[str] | None = None
     top_k: int = Field(default=5, ge=1)
     max_batch: int = Field(default=32, ge=1, le=4096)

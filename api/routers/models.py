@@ -19,7 +19,7 @@ def _public(state: AppState, config: ModelConfig, queue_length: int) -> ModelPub
         name=config.name,
         description=config.description,
         handler=config.handler,
-        input=config.input.model_dump(mode="json"),
+        input=config.input.model_dump(mode="json", by_alias=True),
         labels=config.labels,
         max_batch=config.max_batch,
         queue=keys.queue_name(config.name),

@@ -1,0 +1,82 @@
+"""What every input kind provides: its checks, the payload it stores, and how it describes itself in OpenAPI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from shared.settings import Settings
+
+Spec = TypeVar("Spec", bound=BaseModel)
+# The options any job body may carry beside its input; api/inputs.py reads them.
+OPTION_FIELDS: dict[str, dict[str, Any]] = {
+    "webhook": {"type": "string", "format": "uri", "maxLength": 2048},
+    "result_ttl": {"type": "integer", "minimum": 1},
+    "ttl": {"type": "integer", "minimum": 1},
+}
+
+
+@dataclass(frozen=True)
+class Payload:
+    """The bytes stored for the worker, and the content type the worker's handler reads them as."""
+
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class InputKind(Generic[Spec]):
+    """One input kind: the bodies it takes, the checks that turn them into a Payload, its OpenAPI."""
+
+    name: str
+    config: type[Spec]
+    # Completes "model X takes ..." in the 415 answer to any other content type.
+    takes: str
+    # OpenAPI media-type objects by media type, for one model's spec or, given None, any model of the kind;
+    # one function per kind so that a model's own submit schema can later be built from its spec.
+    openapi: Callable[[Spec | None], dict[str, dict[str, Any]]]
+    # (spec, the "inputs" value of an application/json body, model name, settings)
+    from_json: Callable[[Spec, Any, str, Settings], Payload] | None = None
+    # (spec, a raw body or multipart "file", its Content-Type as sent, model name, settings)
+    from_bytes: Callable[[Spec, bytes, str, str, Settings], Payload] | None = None
+    # Raw body media types for from_bytes; "type/*" matches the whole type.
+    media_types: tuple[str, ...] = ()
+    # Whether a multipart/form-data body's "file" field goes to from_bytes.
+    multipart: bool = False
+
+    def takes_media(self, media_type: str) -> bool:
+        """Whether a raw body of ``media_type`` (lower case, no parameters) goes to from_bytes."""
+        return any(
+            media_type == pattern or (pattern.endswith("/*") and media_type.startswith(pattern[:-1]))
+            for pattern in self.media_types
+        )
+
+
+def json_body(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI media-type object of an ``application/json`` job body whose ``inputs`` is ``inputs``."""
+    return {
+        "schema": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {"inputs": inputs, **OPTION_FIELDS},
+            "additionalProperties": False,
+        }
+    }
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed JSON value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

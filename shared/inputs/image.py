@@ -1,0 +1,72 @@
+"""The ``image`` input kind: an uploaded image, checked by reading only its header."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Any, Literal
+
+from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.errors import InvalidInput, UnsupportedMedia
+from shared.inputs.base import OPTION_FIELDS, InputKind, Payload
+from shared.settings import Settings
+
+
+class ImageInput(BaseModel):
+    """How an uploaded image becomes the model's input tensor."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["image"] = "image"
+    mode: Literal["L", "RGB"] = "RGB"
+    size: tuple[int, int] = (224, 224)  # (height, width)
+    # Pixels are scaled to [0, 1], then normalized per channel.
+    mean: list[float] = Field(default_factory=lambda: [0.0])
+    std: list[float] = Field(default_factory=lambda: [1.0])
+
+
+def check_image(data: bytes, settings: Settings) -> str:
+    """Read only the image header: the format Pillow found, or a 415/422."""
+    if not data:
+        raise InvalidInput("the image is empty")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                fmt = image.format or "unknown"
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InvalidInput(f"the image has too many pixels (limit {settings.max_image_pixels})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, ...)") from None
+    if width * height > settings.max_image_pixels:
+        raise InvalidInput(
+            f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"
+        )
+    return fmt
+
+
+def from_bytes(spec: ImageInput, data: bytes, content_type: str, model: str, settings: Settings) -> Payload:
+    """The image as uploaded, once its header reads as an image."""
+    check_image(data, settings)
+    return Payload(data, content_type.split(";")[0].strip().lower() or "application/octet-stream")
+
+
+def openapi(spec: ImageInput | None = None) -> dict[str, dict[str, Any]]:
+    form = {"file": {"type": "string", "format": "binary"}, **OPTION_FIELDS}
+    return {
+        "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": form}},
+        "image/*": {"schema": {"type": "string", "format": "binary"}},
+    }
+
+
+KIND = InputKind(
+    name="image",
+    config=ImageInput,
+    takes="an image: multipart/form-data with a 'file' field, or an image/* body",
+    openapi=openapi,
+    from_bytes=from_bytes,
+    media_types=("image/*", "application/octet-stream"),
+    multipart=True,
+)

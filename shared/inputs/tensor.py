@@ -1,0 +1,66 @@
+"""The ``tensor`` input kind: a JSON array of a fixed shape and dtype."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from shared.errors import InvalidInput
+from shared.inputs.base import InputKind, Payload, json_body
+from shared.settings import Settings
+
+
+class TensorInput(BaseModel):
+    """A JSON array of the given shape (one item, no batch axis) and dtype."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["tensor"] = "tensor"
+    shape: list[int]
+    dtype: Literal["float32", "float64", "int64"] = "float32"
+
+
+def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
+    """The shape of a nested JSON list of finite numbers, checked against the dtype."""
+    if isinstance(value, list):
+        if not value:
+            return [0]
+        shapes = [tensor_shape(v, dtype, f"{where}[{i}]") for i, v in enumerate(value)]
+        if any(shape != shapes[0] for shape in shapes):
+            raise InvalidInput(f"{where} is ragged: its rows have different shapes")
+        return [len(value), *shapes[0]]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{where} must be a number, got {type(value).__name__}")
+    if dtype == "int64" and not isinstance(value, int):
+        raise InvalidInput(f"{where} must be an integer for an int64 model")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{where} is not a finite number")
+    return []
+
+
+def from_json(spec: TensorInput, inputs: Any, model: str, settings: Settings) -> Payload:
+    """The array re-serialized as ``{"inputs": [...]}``, once its shape and numbers fit the model."""
+    shape = tensor_shape(inputs, spec.dtype)
+    if shape != spec.shape:
+        raise InvalidInput(f"inputs has shape {shape}; model {model} takes {spec.shape}")
+    return Payload(json.dumps({"inputs": inputs}).encode(), "application/json")
+
+
+def openapi(spec: TensorInput | None = None) -> dict[str, dict[str, Any]]:
+    if spec is None:
+        return {"application/json": json_body({"type": "array", "items": {}})}
+    number: dict[str, Any] = {"type": "integer" if spec.dtype == "int64" else "number"}
+    for size in reversed(spec.shape):
+        number = {"type": "array", "minItems": size, "maxItems": size, "items": number}
+    return {"application/json": json_body(number)}
+
+
+KIND = InputKind(
+    name="tensor",
+    config=TensorInput,
+    takes="a JSON body {'inputs': [...]}",
+    openapi=openapi,
+    from_json=from_json,
+)
