@@ -17,6 +17,7 @@ from api.auth import Owner
 from api.deps import AppState, Model, State
 from api.inputs import parse_submission, parse_wait, prefer_wait, read_body
 from api.schemas import ERRORS, JobAccepted, JobPublic
+from shared.inputs import request_body
 from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
 from shared.urls import check_webhook_target
 
@@ -25,37 +26,8 @@ router = APIRouter(tags=["jobs"])
 RECHECK_S = 5.0
 SSE_KEEPALIVE_S = 15.0
 
-_SUBMIT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "webhook": {"type": "string", "format": "uri"},
-                        "result_ttl": {"type": "integer", "minimum": 1},
-                    },
-                }
-            },
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["inputs"],
-                    "properties": {
-                        "inputs": {"type": "array", "items": {}},
-                        "webhook": {"type": "string", "format": "uri"},
-                        "result_ttl": {"type": "integer", "minimum": 1},
-                    },
-                    "additionalProperties": False,
-                }
-            },
-            "image/*": {"schema": {"type": "string", "format": "binary"}},
-        },
-    }
-}
+# Assembled from the input kinds' own descriptions: what any model here may take.
+_SUBMIT_BODY = {"requestBody": request_body()}
 
 
 def _urls(request: Request, job_id: str) -> dict[str, str]:
