@@ -167,6 +167,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         env["INFERQ_REDIS_URL"] = server.url
     redis_url = env["INFERQ_REDIS_URL"]
     me = [sys.executable, "-m", "inferq", "--log-level", args.log_level]
+
+    def label(cmd: list[str]) -> str:
+        return " ".join(cmd[len(me) :])  # the subcommand and its options, e.g. "worker --model digits"
+
     commands = [[*me, "api", "--host", settings.host, "--port", str(settings.port)]]
     commands += [[*me, "worker", "--model", name] for name in configs]
     commands.append([*me, "webhooks"])
@@ -185,6 +189,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  models: {', '.join(configs) or 'none'}\n  ops:    rq info -u '{redact(redis_url)}'")
     print("Ctrl-C stops everything.", flush=True)
     code = 0
+    reason = ""
     restarts: list[float] = []
     try:
         while not stopping:
@@ -193,16 +198,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                     continue
                 if child.returncode == EXIT_CONFIG:
                     # A model that cannot load will not load on a restart either: its line is already printed.
-                    print(f"inferq: {' '.join(cmd[3:])} could not start (see above); stopping", file=sys.stderr)
+                    reason = f"inferq: {label(cmd)} could not start (see above); stopped"
                     stopping, code = True, EXIT_CONFIG
                     break
                 # A crashed worker is replaced: its jobs come back through RQ's abandoned-job retries.
                 restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
                 if len(restarts) > MAX_RESTARTS:
-                    log.error("%s keeps exiting (%s); stopping", " ".join(cmd[3:5]), child.returncode)
+                    log.error("%s keeps exiting (%s); stopping", label(cmd), child.returncode)
                     stopping, code = True, 1
                     break
-                log.warning("%s exited with %s; restarting it", " ".join(cmd[3:5]), child.returncode)
+                log.warning("%s exited with %s; restarting it", label(cmd), child.returncode)
                 children[index] = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
             time.sleep(0.2)
     finally:
@@ -210,6 +215,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     print("inferq stopped.", flush=True)
+    if reason:
+        print(reason, file=sys.stderr, flush=True)  # last, after the children's shutdown lines
     return code
 
 

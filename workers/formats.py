@@ -120,6 +120,7 @@ def _mismatch(exc: RuntimeError) -> str:
 def _huggingface(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # a worker's log is not a terminal
     cls = getattr(transformers, auto_class)
     # local_files_only: a folder is all we read; the hub is never asked, even for a missing file.
     model = cls.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[config.dtype])
