@@ -264,9 +264,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     response = httpx.get(f"{_api_base(args)}/v1/models", timeout=10)
     response.raise_for_status()
     for model in response.json()["models"]:
-        shape = model["input"].get("size") or model["input"].get("shape")
+        spec = model["input"]
+        shape = spec.get("size") or spec.get("shape") or (f"<={spec['max_chars']} chars" if "max_chars" in spec else "")
         print(
-            f"{model['name']:<20} {model['input']['kind']:<7} {shape!s:<12} max_batch={model['max_batch']:<5} "
+            f"{model['name']:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model['max_batch']:<5} "
             f"queued={model['queue_length']}"
         )
     return 0

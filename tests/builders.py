@@ -196,7 +196,7 @@ def write_onnx_linear(path: Path, model: SmallCNN) -> None:
 
 
 class Ragged(Handler):
-    """{"inputs": [numbers]} of any length in; the values over 0.5, doubled, out: outputs differ in size."""
+    """A json input {"values": [numbers]} of any length; the values over 0.5, doubled, out: outputs differ in size."""
 
     calls: dict[str, int] = {"collate": 0, "predict": 0}
 
@@ -204,7 +204,7 @@ class Ragged(Handler):
         self.model = lambda batch: batch * 2
 
     def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
-        return torch.tensor(json.loads(payload)["inputs"], dtype=torch.float32)
+        return torch.tensor(json.loads(payload)["values"], dtype=torch.float32)
 
     def collate(self, items: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         Ragged.calls["collate"] += 1

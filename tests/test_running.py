@@ -145,9 +145,10 @@ def test_an_uncollate_count_mismatch_fails_the_batch_readably(tmp_path: Path) ->
 
 
 def test_ragged_outputs_differ_in_size_per_item(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, "tests.builders:Ragged", input=TENSOR_4)
+    runner = _runner(tmp_path, "tests.builders:Ragged", input={"kind": "json"})
     Ragged.calls.update(collate=0, predict=0)
-    items = _items(_payloads([[0.1, 0.9, 0.7], [0.2], [0.6, 0.6, 0.6, 0.6, 0.1]]))
+    rows = [[0.1, 0.9, 0.7], [0.2], [0.6, 0.6, 0.6, 0.6, 0.1]]
+    items = _items([json.dumps({"values": row}).encode() for row in rows])
     run_batch(runner, items)
     assert [item.output for item in items] == [
         {"kept": [pytest.approx(1.8), pytest.approx(1.4)], "count": 2},
