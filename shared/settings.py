@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
+import logging
+import re
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
+
+from shared.errors import ConfigError
+
+log = logging.getLogger(__name__)
+PREFIX = "INFERQ_"
+# INFERQ_* names that are not settings but are read elsewhere: the CLI reads the log level before
+# settings load (logging must exist first), and the test models read INFERQ_TEST_*.
+OTHER_NAMES = frozenset({"INFERQ_LOG_LEVEL"})
+OTHER_PREFIXES = ("INFERQ_TEST_",)
+# RQ's maintenance takes a job left in its intermediate list (popped, not yet started) for over a
+# minute as stuck and fails it; a batch filling for longer would lose its first jobs under it.
+MAX_WAIT_MS_LIMIT = 60_000
 
 
 class Settings(BaseSettings):
     """Configuration shared by the API, the workers and the CLI; CLI flags override it."""
 
-    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+    # No NaN or infinity anywhere: every float here is a duration, and NaN passes no comparison.
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
 
     # None: `inferq up` starts a private redis-server and exports its URL to its children.
     redis_url: str | None = None
@@ -24,6 +43,7 @@ class Settings(BaseSettings):
 
     result_ttl_s: int = Field(default=3600, ge=1)
     max_result_ttl_s: int = Field(default=86400, ge=1)
+    # At least job_timeout_s: a running job's hash lives heartbeat_ttl_s + failure_ttl_s.
     failure_ttl_s: int = Field(default=86400, ge=1)
     # How long a job may wait in its queue before RQ drops it; also bounds its payload's life.
     queue_ttl_s: int = Field(default=3600, ge=1)
@@ -45,7 +65,7 @@ class Settings(BaseSettings):
     webhook_secret: SecretStr | None = None
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     # Delays before attempt 2, 3, ...: the schedule the README documents.
-    webhook_retry_delays_s: list[float] = Field(default=[1, 5, 30, 120, 600, 1800])
+    webhook_retry_delays_s: list[Annotated[float, Field(ge=0)]] = Field(default=[1, 5, 30, 120, 600, 1800])
     webhook_ttl_s: int = Field(default=86400, ge=1)
 
     # Worker side; `inferq worker` flags override these.
@@ -68,8 +88,98 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("webhook_secret")
+    @classmethod
+    def _standard_webhooks_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        # Checked here, not at the first delivery: signing raises there, before the attempt is recorded.
+        if value is None or not value.get_secret_value():
+            return None  # docker-compose.yml passes an empty value when none is set: unsigned
+        secret = value.get_secret_value()
+        try:
+            key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
+        if not secret.startswith("whsec_") or not key:
+            # The message never holds the secret: it ends up in logs and on terminals.
+            raise ValueError(
+                "INFERQ_WEBHOOK_SECRET must be whsec_ followed by the key in base64 (Standard Webhooks),"
+                " e.g. whsec_$(openssl rand -base64 32)"
+            )
+        return value
+
+    @field_validator("max_wait_ms")
+    @classmethod
+    def _batch_fill_under_a_minute(cls, value: float) -> float:
+        if value > MAX_WAIT_MS_LIMIT:
+            raise ValueError(
+                f"INFERQ_MAX_WAIT_MS is {value:g}; it must be at most {MAX_WAIT_MS_LIMIT}:"
+                " RQ fails a job that stays popped but unstarted for over a minute"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.result_ttl_s > self.max_result_ttl_s:
+            raise ValueError(
+                f"INFERQ_RESULT_TTL_S ({self.result_ttl_s}) is above INFERQ_MAX_RESULT_TTL_S"
+                f" ({self.max_result_ttl_s}): the default must be a result_ttl a client may ask for"
+            )
+        if self.failure_ttl_s < self.job_timeout_s:
+            raise ValueError(
+                f"INFERQ_FAILURE_TTL_S ({self.failure_ttl_s}) is below INFERQ_JOB_TIMEOUT_S ({self.job_timeout_s}):"
+                " a running job's record lives INFERQ_HEARTBEAT_TTL_S + INFERQ_FAILURE_TTL_S,"
+                " so a shorter one can vanish mid-run"
+            )
+        return self
+
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings, read once; tests clear the cache to override."""
-    return Settings()
+    """The process's settings, read once; a bad value is a ConfigError of one line."""
+    for name, guess in unknown_variables(EnvSettingsSource(Settings).env_vars).items():
+        # pydantic-settings ignores them: a typo (INFERQ_API_KEY) would silently leave the default.
+        hint = f"; did you mean {guess}?" if guess else ""
+        log.warning("%s is not an inferq setting and is ignored%s", name, hint)
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error["loc"], error["msg"]) for error in exc.errors())
+        raise ConfigError(f"invalid settings: {problems}") from None
+    except SettingsError as exc:
+        raise ConfigError(f"invalid settings: {_describe_unparsable(exc)}") from None
+
+
+def unknown_variables(environ: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Each ``INFERQ_*`` variable that is no setting, with the setting it most resembles (or None)."""
+    known = {name.upper() for name in Settings.model_fields}
+    out: dict[str, str | None] = {}
+    for variable in sorted(name.upper() for name in environ):
+        if not variable.startswith(PREFIX) or variable in OTHER_NAMES or variable.startswith(OTHER_PREFIXES):
+            continue
+        suffix = variable.removeprefix(PREFIX)
+        if suffix in known:
+            continue
+        # Compared without the shared prefix, which would make every name look alike.
+        close = difflib.get_close_matches(suffix, known, n=1)
+        out[variable] = PREFIX + close[0] if close else None
+    return out
+
+
+def _describe(loc: tuple[int | str, ...], msg: str) -> str:
+    msg = msg.removeprefix("Value error, ")
+    if not loc:
+        return msg  # a check across settings: its message names them
+    field, *index = loc
+    name = PREFIX + str(field).upper() + "".join(f"[{i}]" for i in index)
+    return msg if msg.startswith(PREFIX) else f"{name}: {msg}"
+
+
+def _describe_unparsable(exc: SettingsError) -> str:
+    # pydantic-settings decodes list settings as JSON before validating them.
+    match = re.search(r'field "(\w+)"', str(exc))
+    if match is None:
+        return str(exc)
+    name = PREFIX + match.group(1).upper()
+    if match.group(1) == "webhook_retry_delays_s":
+        return f"{name} must be a JSON list of seconds, e.g. [1, 5, 30]"
+    return f"{name} is not valid JSON"

@@ -20,7 +20,7 @@ from tests.counting import CountingConnection, counting_client
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(redis_url="redis://unused", result_ttl_s=100, queue_ttl_s=50, failure_ttl_s=200)
+    return Settings(redis_url="redis://unused", result_ttl_s=100, queue_ttl_s=50, failure_ttl_s=200, job_timeout_s=100)
 
 
 def test_enqueue_is_one_round_trip_and_writes_only_expiring_keys(
