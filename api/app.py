@@ -30,6 +30,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raise ConfigError("INFERQ_REDIS_URL is not set (`inferq up` sets it for its children)")
     redis_url = settings.redis_url
     model_configs = load_model_configs(settings.models_dir)
+    # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
+    if settings.api_keys:
+        count = len(settings.api_keys)
+        log.info("API-key authentication is on: %d key%s (INFERQ_API_KEYS)", count, "" if count == 1 else "s")
+    else:
+        log.info("API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

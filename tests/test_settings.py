@@ -1,13 +1,15 @@
-"""Settings as a process loads them: refused with one readable line, typos named."""
+"""Settings as a process loads them: refused with one readable line, typos named, auth state logged."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from api.app import create_app
 from shared.errors import ConfigError
 from shared.settings import Settings, get_settings
 
@@ -182,3 +184,24 @@ def test_names_used_outside_settings_are_not_warned_about(
         settings = get_settings()
     assert settings.port == 1
     assert settings_warnings(caplog) == []
+
+
+# the API says whether it authenticates
+
+
+@pytest.mark.parametrize(
+    ("api_keys", "line"),
+    [
+        (["key-a", "key-b"], "API-key authentication is on: 2 keys (INFERQ_API_KEYS)"),
+        (["key-a"], "API-key authentication is on: 1 key (INFERQ_API_KEYS)"),
+        ([], "API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it"),
+    ],
+)
+def test_the_api_logs_at_start_whether_it_authenticates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, api_keys: list[str], line: str
+) -> None:
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", models_dir=tmp_path, api_keys=api_keys)
+    with caplog.at_level(logging.INFO, logger="api.app"):
+        create_app(settings)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "api.app"] == [(logging.INFO, line)]
+    assert all("key-" not in r.getMessage() for r in caplog.records)
