@@ -105,7 +105,12 @@ class Submission:
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.model.encode() + b"\0" + self.payload).hexdigest()
+        """What an Idempotency-Key's request must match: the input and every option the client chose."""
+        # The options too: else a retry with another webhook got the old job and its webhook was
+        # silently dropped. Retries, queue limit and owner come from the server, not the body.
+        options = json.dumps([self.model, self.content_type, self.webhook, self.result_ttl_s, self.deadline_s])
+        # JSON escapes control characters: the NUL after it separates the two unambiguously.
+        return hashlib.sha256(options.encode() + b"\0" + self.payload).hexdigest()
 
 
 # Checks and writes in one atomic step: an Idempotency-Key already used returns its job, a full
