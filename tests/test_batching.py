@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis as redis_py
 import torch
+from rq.utils import utcformat
 
 from shared import keys
 from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
@@ -129,3 +131,26 @@ def test_rq_sees_what_its_own_worker_would_have_written(redis: redis_py.Redis, s
     assert redis.keys("rq:execution:*") == [] and redis.keys("rq:executions:*") == []
     assert int(redis.hget(worker.key, "successful_job_count")) == 1
     assert int(redis.hget(worker.key, "failed_job_count")) == 1
+
+
+def test_max_wait_is_measured_on_the_workers_clock_not_the_apis(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API host whose clock runs 5 s fast must not turn a 50 ms fill wait into 5 s."""
+    job_id = _submit(redis, settings, [1.0, 2.0])
+    ahead = datetime.now(UTC) + timedelta(seconds=5)
+    redis.hset(JSONJob.key_for(job_id), "enqueued_at", utcformat(ahead))
+    worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="skew", max_wait_ms=50)
+    loads = 0
+    load = worker._load
+
+    def counted(*args: object) -> object:
+        nonlocal loads
+        loads += 1
+        return load(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker, "_load", counted)
+    worker.work(burst=True)
+    assert get_job_view(redis, job_id)["status"] == "finished"
+    # Each poll sleeps 2 ms: about 25 polls fill 50 ms; the API's clock would have made it about 2,500.
+    assert loads < 200

@@ -283,12 +283,13 @@ class BatchWorker(SimpleWorker):
 
     def _collect(self, queue: Queue, first_id: str, max_batch: int) -> tuple[list[Item], list[str]]:
         """The first job plus what is already waiting; with max_wait_ms, wait for more."""
+        # The worker's own clock, from the pop of the first job: enqueued_at is the API host's clock, and
+        # a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
+        deadline = time.monotonic() + self.max_wait_ms / 1000.0
         items, dropped = self._load(queue, [first_id], max_batch - 1)
         if self.max_wait_ms > 0 and len(items) + len(dropped) < max_batch:
-            oldest = min((i.job.enqueued_at for i in items if i.job.enqueued_at), default=now())
-            deadline = oldest.timestamp() + self.max_wait_ms / 1000.0
-            while len(items) + len(dropped) < max_batch and time.time() < deadline:
-                time.sleep(min(0.002, max(0.0, deadline - time.time())))
+            while len(items) + len(dropped) < max_batch and time.monotonic() < deadline:
+                time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
                 more, more_dropped = self._load(queue, [], max_batch - len(items) - len(dropped))
                 items += more
                 dropped += more_dropped
