@@ -314,3 +314,57 @@ def test_each_kind_describes_one_models_body() -> None:
     }  # fmt: skip
     person = KINDS["json"].openapi(JsonInput.model_validate({"schema": AGE_SCHEMA}))
     assert person["application/json"]["schema"]["properties"]["inputs"] == AGE_SCHEMA
+
+
+# tensor numbers the model's dtype cannot hold
+
+RANGED = {
+    "counts": {"handler": "tensor", "weights": "none", "input": {"kind": "tensor", "shape": [2, 2], "dtype": "int64"}},
+    "wide": {"handler": "tensor", "weights": "none", "input": {"kind": "tensor", "shape": [2], "dtype": "float64"}},
+    "pair32": {"handler": "tensor", "weights": "none", "input": {"kind": "tensor", "shape": [2], "dtype": "float32"}},
+}
+INT64 = "int64 (-9223372036854775808 to 9223372036854775807)"
+FLOAT32 = "float32 (magnitude at most 3.4028234663852886e+38)"
+FLOAT64 = "float64 (magnitude at most 1.7976931348623157e+308)"
+
+
+@pytest.fixture
+def ranged(tmp_path: Path, redis_url: str) -> Settings:
+    return Settings(redis_url=redis_url, models_dir=write_models(tmp_path / "models", RANGED))
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "message"),
+    [
+        ("counts", b'{"inputs": [[1, 2], [9223372036854775808, 4]]}', f"inputs[1][0] is out of range for {INT64}"),
+        ("counts", b'{"inputs": [[1, -9223372036854775809], [3, 4]]}', f"inputs[0][1] is out of range for {INT64}"),
+        ("counts", b'{"inputs": [[1, 2], [3, ' + b"9" * 400 + b"]]}", f"inputs[1][1] is out of range for {INT64}"),
+        ("counts", b'{"inputs": [[1, 2], [true, 4]]}', "inputs[1][0] must be a number, got bool"),
+        ("counts", b'{"inputs": [[1, 2], [3, false]]}', "inputs[1][1] must be a number, got bool"),
+        ("pair32", b'{"inputs": [true, 1.5]}', "inputs[0] must be a number, got bool"),
+        ("pair32", b'{"inputs": [1.5, 3.5e38]}', f"inputs[1] is out of range for {FLOAT32}"),
+        ("pair32", b'{"inputs": [-1e39, 0]}', f"inputs[0] is out of range for {FLOAT32}"),
+        ("wide", b'{"inputs": [1, ' + b"9" * 400 + b"]}", f"inputs[1] is out of range for {FLOAT64}"),
+    ],
+)  # fmt: skip
+def test_tensor_numbers_outside_the_dtype_are_refused(
+    ranged: Settings, redis: redis_py.Redis, model: str, body: bytes, message: str
+) -> None:
+    response = submit(ranged, model, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json() == {"error": {"code": "invalid_input", "message": message}}
+    assert [redis.llen(f"rq:queue:{keys.queue_name(name)}") for name in RANGED] == [0, 0, 0]
+    assert redis.keys(f"{keys.PREFIX}:payload:*") == []
+
+
+def test_tensor_numbers_at_the_dtype_limits_are_accepted(ranged: Settings, redis: redis_py.Redis) -> None:
+    body = b'{"inputs": [[9223372036854775807, -9223372036854775808], [0, -1]]}'
+    response = submit(ranged, "counts", content=body, headers={"content-type": "application/json"})
+    assert stored(redis, response) == (body, b"application/json")
+    response = submit(ranged, "pair32", json={"inputs": [3.4028234663852886e38, -3.4028234663852886e38]})
+    assert stored(redis, response) == (
+        b'{"inputs": [3.4028234663852886e+38, -3.4028234663852886e+38]}',
+        b"application/json",
+    )
+    response = submit(ranged, "wide", json={"inputs": [1e308, 10**300]})
+    assert stored(redis, response)[0] == b'{"inputs": [1e+308, 1' + b"0" * 300 + b"]}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -11,6 +12,11 @@ from pydantic import BaseModel, ConfigDict
 from shared.errors import InvalidInput
 from shared.inputs.base import InputKind, Payload, json_body
 from shared.settings import Settings
+
+# What the worker's torch.tensor(..., dtype) can hold. Past these, int64 and float64 raise in the
+# worker (one failed job, after queueing), and float32 silently turns the number into infinity.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": sys.float_info.max}
 
 
 class TensorInput(BaseModel):
@@ -37,6 +43,11 @@ def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
         raise InvalidInput(f"{where} must be an integer for an int64 model")
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidInput(f"{where} is not a finite number")
+    if dtype == "int64" and not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidInput(f"{where} is out of range for int64 ({INT64_MIN} to {INT64_MAX})")
+    if dtype in FLOAT_MAX and abs(value) > FLOAT_MAX[dtype]:
+        # Compared exactly: an int too large for any float is refused, never converted.
+        raise InvalidInput(f"{where} is out of range for {dtype} (magnitude at most {FLOAT_MAX[dtype]!r})")
     return []
 
 
