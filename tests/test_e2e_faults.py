@@ -168,3 +168,34 @@ def test_redis_restart_under_load_answers_503_then_recovers_and_loses_no_accepte
         assert response.headers["retry-after"] == "1"
         assert response.json()["error"]["code"] == "unavailable"
     assert len(set(accepted)) == len(accepted) > 40
+
+
+def test_first_sigterm_while_a_batch_is_collected_runs_it_then_exits(faults: Stack) -> None:
+    (job_id,) = submit(faults, "slow", 1)
+    client = faults.redis()
+    # A long fill wait: the worker holds the popped job, still IDLE in RQ's eyes, when the signal comes.
+    worker = faults.start_worker("slow", extra=["--max-wait-ms", "20000"], name="collecting")
+    wait_until(lambda: client.lrange("rq:queue:inferq.slow:intermediate", 0, -1) == [job_id.encode()], 30, "the pop")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert statuses(faults, [job_id]) == ["finished"]
+    assert client.llen("rq:queue:inferq.slow:intermediate") == 0
+    client.close()
+
+
+def test_second_sigterm_while_a_batch_is_collected_gives_it_back(faults: Stack) -> None:
+    ids = submit(faults, "slow", 2)
+    client = faults.redis()
+    worker = faults.start_worker("slow", extra=["--max-wait-ms", "20000", "--max-batch", "4"], name="cold-collect")
+    wait_until(lambda: client.llen("rq:queue:inferq.slow:intermediate") == 2, 30, "the pops")
+    worker.send_signal(signal.SIGINT)  # like SIGTERM for RQ; both are graceful first, then cold
+    time.sleep(1.2)  # RQ ignores a second signal within a second of the first
+    worker.send_signal(signal.SIGINT)
+    worker.wait(timeout=15)
+    assert client.lrange("rq:queue:inferq.slow", 0, -1) + client.lrange("rq:queue:inferq.slow:intermediate", 0, -1) in (
+        [i.encode() for i in ids],
+        [],  # the first signal already ended the wait and ran the batch before the second came
+    )
+    client.close()
+    faults.run_burst("slow")
+    assert statuses(faults, ids) == ["finished"] * 2

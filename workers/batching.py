@@ -118,6 +118,8 @@ class BatchWorker(SimpleWorker):
         self._pop_and_load = connection.register_script(_POP_AND_LOAD)
         self._books: dict[str, QueueBook] = {}
         self._running: tuple[list[Item], Queue] | None = None
+        # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
+        self._held: tuple[Queue, list[str]] | None = None
 
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
         self._suspension_checked_at = -math.inf
@@ -177,6 +179,7 @@ class BatchWorker(SimpleWorker):
                     if job_id is None:
                         raise DequeueTimeout(timeout, queue.key)
                 job_text = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
+                self._held = (queue, [job_text])
                 return JSONJob(job_text, connection=self.connection), queue
             except DequeueTimeout:
                 if max_idle_time is not None:
@@ -192,27 +195,45 @@ class BatchWorker(SimpleWorker):
         # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.
         return self.settings.heartbeat_ttl_s
 
+    def _shutdown(self) -> None:
+        """A first SIGTERM/SIGINT while a batch is being collected: finish it, then stop.
+
+        RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
+        stopping while collecting would strand the popped jobs in the intermediate list.
+        """
+        if self._held is not None:
+            self._stop_requested = True
+            self.set_shutdown_requested_date()
+            log.info("worker %s: stopping after the batch being collected", self.name)
+            return
+        super()._shutdown()
+
     def request_force_stop(self, signum: int, frame: Any) -> None:
-        """A second SIGTERM/SIGINT: give the running batch back to its queue, then exit."""
+        """A second SIGTERM/SIGINT: give the running or held batch back to its queue, then exit."""
         duplicate = self._shutdown_requested_date and now() - self._shutdown_requested_date < timedelta(seconds=1)
-        running, self._running = self._running, None
-        if running is not None and not duplicate:
-            self._give_back(*running)
-        elif running is not None:
-            self._running = running
+        if not duplicate:
+            running, self._running = self._running, None
+            held, self._held = self._held, None
+            if running is not None:
+                self._give_back(*running)
+            elif held is not None:
+                self._give_back_held(*held)
         super().request_force_stop(signum, frame)
 
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
         runner = self.runners[keys.model_from_queue(queue.name)]
+        self._held = (queue, [job.id])
         try:
             items, dropped = self._collect(queue, job.id, runner.max_batch)
-            items = self._start(items, dropped, queue)
+            items = self._start(items, dropped, queue)  # the worker is BUSY from here: RQ waits for the batch
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # Popped jobs wait in RQ's intermediate list; its cleanup requeues them.
             log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
             time.sleep(1.0)
             return
+        finally:
+            self._held = None
         if items:
             self._running = (items, queue)
             stop = threading.Event()
@@ -267,6 +288,14 @@ class BatchWorker(SimpleWorker):
             pipe.execute()
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(items), queue.name)
 
+    def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
+        """Put popped jobs that never started back at the front of their queue, in order."""
+        with self.connection.pipeline(transaction=True) as pipe:
+            _eval(pipe, _LREM_MANY, [queue.intermediate_queue_key], job_ids)
+            pipe.lpush(queue.key, *reversed(job_ids))
+            pipe.execute()
+        log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(job_ids), queue.name)
+
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
         """Results already computed survive a Redis restart: keep trying to store them."""
         wait_s, deadline = 0.2, time.monotonic() + give_up_s
@@ -287,12 +316,14 @@ class BatchWorker(SimpleWorker):
         # a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
         items, dropped = self._load(queue, [first_id], max_batch - 1)
+        self._held = (queue, [item.job.id for item in items])
         if self.max_wait_ms > 0 and len(items) + len(dropped) < max_batch:
-            while len(items) + len(dropped) < max_batch and time.monotonic() < deadline:
+            while len(items) + len(dropped) < max_batch and time.monotonic() < deadline and not self._stop_requested:
                 time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
                 more, more_dropped = self._load(queue, [], max_batch - len(items) - len(dropped))
                 items += more
                 dropped += more_dropped
+                self._held = (queue, [item.job.id for item in items])
         return items, dropped
 
     def _load(self, queue: Queue, ids: list[str], want: int) -> tuple[list[Item], list[str]]:
