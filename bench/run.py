@@ -193,6 +193,8 @@ class Bench:
             # Short TTLs so the run can check that Redis shrinks back once results expire.
             "INFERQ_RESULT_TTL_S": str(KEY_TTL_S),
             "INFERQ_FAILURE_TTL_S": str(KEY_TTL_S),
+            # A failure must outlive a job's timeout (settings refuse less): the bench's jobs take milliseconds.
+            "INFERQ_JOB_TIMEOUT_S": str(KEY_TTL_S),
         }
         procs = Processes(self.tmp, env)
         try:

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", action="append", help="a model to serve (repeat for several; default all)")
     worker.add_argument("--device", help="auto | cpu | cuda | cuda:N (default: the model's config)")
     worker.add_argument("--max-batch", type=int, help="cap on the batch size (default: the model's max_batch)")
-    worker.add_argument("--max-wait-ms", type=float, help="wait up to this long from the oldest job to fill a batch")
+    worker.add_argument(
+        "--max-wait-ms", type=_max_wait_ms, help="wait up to this long from the first pop to fill a batch (0-60000)"
+    )
     worker.add_argument("--burst", action="store_true", help="quit when the queues are empty")
     worker.add_argument("--name", help="worker name (default: unique per process)")
 
@@ -60,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the models the API serves")
     models.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
     return parser
+
+
+def _max_wait_ms(value: str) -> float:
+    """The same bounds as INFERQ_MAX_WAIT_MS: RQ fails a job held popped but unstarted for over a minute."""
+    try:
+        wait_ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 <= wait_ms <= 60_000:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"must be between 0 and 60000 ms, got {value}")
+    return wait_ms
 
 
 def _add_bind(parser: argparse.ArgumentParser) -> None:
