@@ -14,9 +14,10 @@ from redis import Redis, WatchError
 from redis.client import Pipeline
 from rq.exceptions import NoSuchJobError
 from rq.job import Retry
+from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import now, utcformat
+from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
@@ -343,7 +344,13 @@ def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str |
                 pipe.hset(job_key, "ended_at", utcformat(job.ended_at))
                 # The worker checks this flag before it starts and before it stores a result.
                 pipe.hset(keys.info_key(job_id), "canceled", "1")
-                # RQ leaves a canceled job's hash without a TTL.
+                # RQ leaves a canceled job's hash without a TTL, and its canceled registry grows forever (each
+                # member scored with the cancel time, the key without a TTL): score by expiry, prune, expire.
+                registry = CanceledJobRegistry(job.origin, connection, job_class=JSONJob, serializer=JSONSerializer)
+                expires_at = current_timestamp() + settings.canceled_ttl_s
+                pipe.zadd(registry.key, {job_id: expires_at})
+                pipe.zremrangebyscore(registry.key, "-inf", current_timestamp())
+                pipe.expire(registry.key, settings.canceled_ttl_s)
                 pipe.expire(job_key, settings.canceled_ttl_s)
                 pipe.expire(keys.info_key(job_id), settings.canceled_ttl_s)
                 pipe.delete(keys.payload_key(job_id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 import redis as redis_py
@@ -90,3 +91,22 @@ def test_pickle_in_redis_is_never_loaded(redis: redis_py.Redis, settings: Settin
     with pytest.raises(PickleRefused):
         DefaultSerializer.loads(gadget)
     assert not os.path.exists("/tmp/inferq-pwned")
+
+
+def test_the_canceled_registry_expires_with_the_jobs_it_names(redis: redis_py.Redis, settings: Settings) -> None:
+    """200 cancels used to leave 200 members in a key without a TTL, long after every job expired."""
+    short = settings.model_copy(update={"canceled_ttl_s": 1})
+    queues = QueueCache(redis)
+    first = [enqueue_job(queues, short, Submission("m", b"x", "image/png")).id for _ in range(20)]
+    for job_id in first:
+        cancel_job(queues, short, job_id)
+    registry = "rq:canceled:inferq.m"
+    assert redis.zcard(registry) == 20
+    assert 0 < redis.ttl(registry) <= 1
+    time.sleep(2.1)  # the canceled jobs' own TTL passes
+    assert redis.exists(registry) == 0
+    assert [redis.exists(JSONJob.key_for(job_id)) for job_id in first] == [0] * 20
+    later = enqueue_job(queues, settings, Submission("m", b"x", "image/png")).id
+    cancel_job(queues, settings, later)
+    assert redis.zrange(registry, 0, -1) == [later.encode()]
+    assert 0 < redis.ttl(registry) <= settings.canceled_ttl_s
