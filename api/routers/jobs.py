@@ -19,7 +19,7 @@ from api.inputs import parse_submission, parse_wait, prefer_wait, read_body
 from api.schemas import ERRORS, JobAccepted, JobPublic
 from shared.inputs import request_body
 from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
-from shared.urls import check_webhook_target
+from shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
@@ -92,7 +92,7 @@ async def submit_job(
         owner=owner,
     )
     if submission.webhook:
-        await run_in_threadpool(check_webhook_target, submission.webhook, settings.webhook_allow)
+        await check_webhook_target_async(submission.webhook, settings.webhook_allow)
     job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
