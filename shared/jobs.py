@@ -26,6 +26,8 @@ from shared.settings import Settings
 
 INFER_FUNC = "workers.tasks.infer"
 DELIVER_FUNC = "workers.webhooks.deliver"
+# Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
+WEBHOOK_CRASH_RETRIES = 3
 TERMINAL = ("finished", "failed", "canceled", "expired")
 # RQ statuses a client never needs to tell apart.
 _STATUS_MAP = {
@@ -230,12 +232,16 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
     info = _decode_hash(raw_info)
     if owner is not None and info.get("owner") != owner:
         raise NotFound(f"no job {job_id!r}")  # another key's job: as if it did not exist
-    if not raw_job or b"status" not in raw_job:
+    # A hash without its enqueue fields is a leftover, not a job (an older worker could write one after expiry).
+    if not raw_job or b"status" not in raw_job or b"origin" not in raw_job:
         if _expired_unrun(info):
             return _expired_view(job_id, info)
         raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
     job = JSONJob(job_id, connection=connection)
-    job.restore(raw_job)
+    try:
+        job.restore(raw_job)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise NotFound(f"job {job_id!r} cannot be read ({type(exc).__name__}); it may have expired") from None
     status = public_status(job.get_status(refresh=False))
     view: dict[str, Any] = {
         "id": job_id,

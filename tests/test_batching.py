@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -12,14 +13,16 @@ import torch
 from rq.utils import utcformat
 
 from shared import keys
+from shared.errors import NotFound
 from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
 from shared.models import ModelConfig, TensorInput
 from shared.rqjson import JSONJob
 from shared.settings import Settings
 from tests.counting import CountingConnection, counting_client
 from tests.support import SlowEcho
+from workers import batching
 from workers.batching import BatchWorker
-from workers.running import ModelRunner
+from workers.running import ModelRunner, run_batch
 
 
 def _runner(max_batch: int = 16) -> ModelRunner:
@@ -154,3 +157,55 @@ def test_max_wait_is_measured_on_the_workers_clock_not_the_apis(
     assert get_job_view(redis, job_id)["status"] == "finished"
     # Each poll sleeps 2 ms: about 25 polls fill 50 ms; the API's clock would have made it about 2,500.
     assert loads < 200
+
+
+def test_a_job_that_vanishes_before_its_batch_starts_is_skipped_not_recreated(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [_submit(redis, settings, [i, i]) for i in range(3)]
+    worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="vanish-start")
+    start = worker._start
+
+    def expire_one_first(items: list[Any], dropped: list[str], queue: Any) -> Any:
+        redis.delete(JSONJob.key_for(ids[1]))  # its hash expires between the pop and the start
+        return start(items, dropped, queue)
+
+    monkeypatch.setattr(worker, "_start", expire_one_first)
+    worker.work(burst=True)
+    assert redis.exists(JSONJob.key_for(ids[1])) == 0  # no partial hash of status fields
+    with pytest.raises(NotFound):
+        get_job_view(redis, ids[1])
+    assert [get_job_view(redis, ids[i])["status"] for i in (0, 2)] == ["finished", "finished"]
+    assert get_job_view(redis, ids[0])["batch_size"] == 2
+    assert redis.zcard("rq:wip:inferq.echo") == 0
+
+
+def test_a_job_that_vanishes_while_its_batch_runs_gets_no_partial_hash(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [_submit(redis, settings, [i, i]) for i in range(3)]
+    worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="vanish-run")
+
+    def run_then_lose_one(runner: ModelRunner, items: list[Any]) -> Any:
+        report = run_batch(runner, items)
+        redis.delete(JSONJob.key_for(ids[2]))  # Redis lost it mid-batch (a restart without persistence)
+        return report
+
+    monkeypatch.setattr(batching, "run_batch", run_then_lose_one)
+    worker.work(burst=True)
+    assert redis.exists(JSONJob.key_for(ids[2])) == 0
+    assert redis.exists(f"rq:results:{ids[2]}") == 0
+    with pytest.raises(NotFound):
+        get_job_view(redis, ids[2])
+    assert [get_job_view(redis, ids[i])["status"] for i in (0, 1)] == ["finished", "finished"]
+    assert redis.zcard("rq:wip:inferq.echo") == 0
+
+
+def test_running_jobs_outlive_the_job_timeout(redis: redis_py.Redis, settings: Settings) -> None:
+    job_id = _submit(redis, settings, [1, 1])
+    worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="ttl")
+    queue = worker.queues[0]
+    redis.lmove(queue.key, queue.intermediate_queue_key)
+    items, dropped = worker._collect(queue, job_id, 4)
+    worker._start(items, dropped, queue)
+    assert redis.ttl(JSONJob.key_for(job_id)) > settings.job_timeout_s + settings.heartbeat_ttl_s

@@ -262,6 +262,7 @@ class BatchWorker(SimpleWorker):
     def _keep_alive(self, items: list[Item], queue: Queue, stop: threading.Event) -> None:
         """While the model runs: keep the batch's executions and this worker alive in Redis."""
         ttl_s = self.settings.heartbeat_ttl_s
+        job_ttl_s = self._running_job_ttl_s()
         book = self._book(queue)
         executions = [item.execution for item in items if item.execution is not None]
         while not stop.wait(ttl_s / 3):
@@ -271,6 +272,10 @@ class BatchWorker(SimpleWorker):
                     pipe.zadd(book.started_key, {e.composite_key: score for e in executions}, xx=True)
                     for execution in executions:
                         pipe.expire(execution.key, ttl_s)
+                    for item in items:
+                        # XX-like: EXPIRE never creates a key, so a job canceled or expired meanwhile stays gone.
+                        pipe.expire(item.job.key, job_ttl_s)
+                        pipe.expire(keys.info_key(item.job.id), job_ttl_s)
                     pipe.hset(self.key, "last_heartbeat", utcformat(now()))
                     pipe.expire(self.key, self.worker_ttl + 60)
                     pipe.execute()
@@ -365,7 +370,8 @@ class BatchWorker(SimpleWorker):
             _eval(pipe, _CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
             _eval(pipe, _LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
             # The job TTL: a job that started near its queue TTL must not expire mid-run.
-            job_ttl_s = heartbeat_ttl + self.settings.failure_ttl_s
+            job_ttl_s = self._running_job_ttl_s()
+            start_at = len(pipe)
             executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now(), job_ttl_s)
             for item, execution in zip(items, executions, strict=True):
                 item.execution = execution
@@ -375,12 +381,26 @@ class BatchWorker(SimpleWorker):
                 self.set_state(WorkerStatus.BUSY, pipeline=pipe)
                 self.set_current_job_id(items[0].job.id, pipeline=pipe)
                 self.heartbeat(heartbeat_ttl, pipeline=pipe)
-            flags = pipe.execute()[0]
-        canceled = [item for item, flag in zip(items, flags, strict=True) if flag]
+            replies = pipe.execute()
+        flags = replies[0]
+        vanished = {items[i - 1].job.id for i in replies[start_at]} if items else set()
+        if vanished:
+            log.warning(
+                "worker %s: %d job(s) expired before they started; dropped: %s",
+                self.name,
+                len(vanished),
+                sorted(vanished),
+            )
+        canceled = [item for item, flag in zip(items, flags, strict=True) if flag and item.job.id not in vanished]
         if canceled:
             # Canceled between our read and our start: put them back the way the cancel left them.
             self._restore_canceled(canceled, queue)
-        return [item for item, flag in zip(items, flags, strict=True) if not flag]
+        return [item for item, flag in zip(items, flags, strict=True) if not flag and item.job.id not in vanished]
+
+    def _running_job_ttl_s(self) -> int:
+        """A running job's hash outlives the job's timeout; the keep-alive extends it while the batch runs."""
+        settings = self.settings
+        return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
     def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
         """Store every result, move registries, publish events: one transaction."""
@@ -404,6 +424,7 @@ class BatchWorker(SimpleWorker):
                     failed += outcome.status == "failed"
                 entries.append(end_entry(item.job, item.execution, keys.payload_key(item.job.id), outcome, self.name))
             # One script: results, registries and, per job after its result, the event.
+            finish_at = len(pipe)
             write_finish(pipe, self._book(queue), keys.EVENTS_CHANNEL, entries)
             if succeeded:
                 pipe.hincrby(self.key, "successful_job_count", succeeded)
@@ -413,7 +434,13 @@ class BatchWorker(SimpleWorker):
             pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
             self.set_current_job_id(None, pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            flags = pipe.execute()[0]
+            replies = pipe.execute()
+        flags = replies[0]
+        vanished = [job_id.decode() for job_id in replies[finish_at] or []] if entries else []
+        if vanished:
+            log.warning(
+                "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished
+            )
         late = [item for item, flag, before in zip(items, flags, canceled_before, strict=True) if flag and not before]
         if late:
             self._restore_canceled(late, queue)

@@ -48,25 +48,32 @@ def executions_key(job_id: str) -> str:
 
 # Per job: HSET/EXPIRE the execution, add it to the job's executions and the started registry,
 # mark the job started. ARGV: started key, score, ttl, job ttl, worker, stamp, timestamp, then
-# five values per job.
+# five values per job. A job whose hash is gone (expired between pop and start, or Redis came back
+# empty) is skipped, never re-created as a partial hash: its 1-based position is returned.
 _START = """
 local started, score, ttl, job_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local worker, stamp, ts = ARGV[5], ARGV[6], ARGV[7]
+local vanished = {}
 for i = 8, #ARGV, 5 do
   local job_key, exec_key, execs_key, exec_id, composite = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
-  redis.call('HSET', exec_key, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
-  redis.call('EXPIRE', exec_key, ttl)
-  redis.call('ZADD', execs_key, score + 60, exec_id)
-  redis.call('EXPIRE', execs_key, ttl + 60)
-  redis.call('ZADD', started, score, composite)
-  redis.call('HSET', job_key, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp,
-             'worker_name', worker)
-  redis.call('EXPIRE', job_key, job_ttl)
+  if redis.call('HEXISTS', job_key, 'origin') == 0 then
+    vanished[#vanished + 1] = (i - 8) / 5 + 1
+  else
+    redis.call('HSET', exec_key, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
+    redis.call('EXPIRE', exec_key, ttl)
+    redis.call('ZADD', execs_key, score + 60, exec_id)
+    redis.call('EXPIRE', execs_key, ttl + 60)
+    redis.call('ZADD', started, score, composite)
+    redis.call('HSET', job_key, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp,
+               'worker_name', worker)
+    redis.call('EXPIRE', job_key, job_ttl)
+  end
 end
-return (#ARGV - 7) / 5
+return vanished
 """
 # Per job (a JSON object): end the job, store its RQ result and inferq info, leave the started
-# registry for finished/failed, drop the execution and the payload, publish the event last.
+# registry for finished/failed, drop the execution and the payload, publish the event last. A job
+# whose hash is gone is not re-created: no result, no event, and its id is returned.
 _FINISH = """
 local started, finished, failed, now_s, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local function flat(t)
@@ -74,8 +81,13 @@ local function flat(t)
   for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
   return out
 end
+local vanished = {}
 for i = 6, #ARGV do
   local j = cjson.decode(ARGV[i])
+  if j.status and redis.call('HEXISTS', j.key, 'origin') == 0 then
+    vanished[#vanished + 1] = j.id
+    j.status, j.event = nil, nil
+  end
   if j.status then
     redis.call('HSET', j.key, 'status', j.status, 'ended_at', j.ended_at)
     redis.call('EXPIRE', j.key, j.ttl)
@@ -93,7 +105,7 @@ for i = 6, #ARGV do
   redis.call('DEL', j.payload_key)
   if j.event then redis.call('PUBLISH', channel, j.event) end
 end
-return #ARGV - 5
+return vanished
 """
 
 
