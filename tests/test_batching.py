@@ -209,3 +209,19 @@ def test_running_jobs_outlive_the_job_timeout(redis: redis_py.Redis, settings: S
     items, dropped = worker._collect(queue, job_id, 4)
     worker._start(items, dropped, queue)
     assert redis.ttl(JSONJob.key_for(job_id)) > settings.job_timeout_s + settings.heartbeat_ttl_s
+
+
+def test_a_batch_past_the_job_timeout_fails_readably_and_frees_the_worker(
+    redis: redis_py.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1 s timeout used to let an 8 s batch finish; a hung forward pass held its jobs started forever."""
+    monkeypatch.setenv("INFERQ_TEST_SLOW_S", "8")
+    settings = Settings(redis_url=redis_url, job_timeout_s=1)
+    ids = [_submit(redis, settings, [i, i]) for i in range(2)]
+    worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="timeout")
+    worker.work(burst=True)
+    views = [get_job_view(redis, job_id) for job_id in ids]
+    assert [view["status"] for view in views] == ["failed", "failed"]
+    assert {view["error"] for view in views} == {"the batch ran past the job timeout of 1 s (INFERQ_JOB_TIMEOUT_S)"}
+    assert redis.zcard("rq:wip:inferq.echo") == 0
+    assert worker.batches_run == 1

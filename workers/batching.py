@@ -35,7 +35,7 @@ from shared.jobs import QueueCache, enqueue_webhook, event_message, publish_even
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.bookkeeping import Outcome, QueueBook, end_entry, write_finish, write_registries, write_start
-from workers.running import Item, ModelRunner, run_batch
+from workers.running import BatchReport, BatchTimeout, Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,17 @@ class BatchWorker(SimpleWorker):
             stop = threading.Event()
             beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
             beat.start()
+            timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
             try:
-                report = run_batch(runner, items)
+                # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
+                with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
+                    report = run_batch(runner, items)
+            except BatchTimeout:
+                log.error("worker %s: batch of %d ran past the %d s job timeout", self.name, len(items), timeout_s)
+                report = BatchReport(inference_ms=timeout_s * 1000.0)
+                for item in items:
+                    if item.output is None and item.error is None:
+                        item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
             finally:
                 stop.set()
                 beat.join()

@@ -24,6 +24,10 @@ from workers.handlers import Handler, load_handler
 log = logging.getLogger(__name__)
 
 
+class BatchTimeout(BaseException):
+    """The batch ran past its jobs' timeout. A BaseException, so the per-item isolation does not swallow it."""
+
+
 @dataclass
 class ModelRunner:
     """A loaded model and how to batch it."""
