@@ -13,7 +13,7 @@ from typing import Any, cast
 from redis import Redis, WatchError
 from redis.client import Pipeline
 from rq.exceptions import NoSuchJobError
-from rq.job import Retry
+from rq.job import JobStatus, Retry
 from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
@@ -29,6 +29,8 @@ DELIVER_FUNC = "workers.webhooks.deliver"
 # Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
 WEBHOOK_CRASH_RETRIES = 3
 TERMINAL = ("finished", "failed", "canceled", "expired")
+# Set in a job's info hash by whoever tells the world it ended (event + webhook), so it is told once.
+ANNOUNCED_FIELD = "announced"
 # RQ statuses a client never needs to tell apart.
 _STATUS_MAP = {
     "created": "queued",
@@ -209,9 +211,30 @@ def enqueue_webhook(queues: QueueCache, settings: Settings, pipe: Pipeline, job_
         result_ttl=settings.webhook_ttl_s,
         failure_ttl=settings.webhook_ttl_s,
         timeout=int(settings.webhook_timeout_s) + 30,
+        retry=Retry(max=WEBHOOK_CRASH_RETRIES),
         description=f"webhook for {job_id}",
     )
     queue.enqueue_job(delivery, pipeline=pipe)
+
+
+def announce_failed(connection: Redis, queues: QueueCache, settings: Settings, job_ids: list[str]) -> None:
+    """Publish ``failed`` and queue the webhook for jobs RQ itself failed; each job is announced once."""
+    for job_id in job_ids:
+        info_key = keys.info_key(job_id)
+        if connection.hget(JSONJob.key_for(job_id), "status") != JobStatus.FAILED.value.encode():
+            continue  # retried after all, or gone
+        # HSETNX: the worker's own finish sets the same field, so no end is announced twice.
+        if not connection.hsetnx(info_key, ANNOUNCED_FIELD, "1"):
+            continue
+        info = _decode_hash(cast(dict[bytes, bytes], connection.hgetall(info_key)))
+        with connection.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            pipe.expire(info_key, settings.failure_ttl_s)
+            if "webhook" in info:
+                pipe.expire(keys.webhook_attempts_key(job_id), settings.failure_ttl_s)
+                enqueue_webhook(queues, settings, pipe, job_id)
+            publish_event(pipe, job_id, info.get("model", ""), "failed")
+            pipe.execute()
 
 
 def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:

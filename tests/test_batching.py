@@ -225,3 +225,31 @@ def test_a_batch_past_the_job_timeout_fails_readably_and_frees_the_worker(
     assert {view["error"] for view in views} == {"the batch ran past the job timeout of 1 s (INFERQ_JOB_TIMEOUT_S)"}
     assert redis.zcard("rq:wip:inferq.echo") == 0
     assert worker.batches_run == 1
+
+
+def test_a_dead_workers_job_failed_by_maintenance_is_announced_once(redis: redis_py.Redis, settings: Settings) -> None:
+    """RQ's cleanup failed such jobs silently: no failed event for waiters, no webhook."""
+    payload = json.dumps({"inputs": [1, 1]}).encode()
+    submission = Submission("echo", payload, "application/json", webhook="https://example.com/hook", retries=0)
+    job_id = enqueue_job(QueueCache(redis), settings, submission).id
+    dead = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="dead")
+    queue = dead.queues[0]
+    redis.lmove(queue.key, queue.intermediate_queue_key)
+    items, dropped = dead._collect(queue, job_id, 4)
+    dead._start(items, dropped, queue)  # started, then its worker is gone: the heartbeat score lapses
+    redis.zadd("rq:wip:inferq.echo", {f"{job_id}:{items[0].execution.id}": 1})
+    events = redis.pubsub()
+    events.subscribe(keys.EVENTS_CHANNEL)
+    assert events.get_message(timeout=1)["type"] == "subscribe"
+    cleaner = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="cleaner")
+    cleaner.clean_registries()
+    cleaner.clean_registries()  # a second pass announces nothing again
+    view = get_job_view(redis, job_id)
+    assert view["status"] == "failed" and "died" in view["error"]
+    told = []
+    while (message := events.get_message(timeout=0.5)) is not None:
+        told.append(json.loads(message["data"]))
+    assert [(e["id"], e["status"]) for e in told] == [(job_id, "failed")]
+    deliveries = redis.lrange(f"rq:queue:{keys.WEBHOOK_QUEUE}", 0, -1)
+    assert len(deliveries) == 1
+    events.close()

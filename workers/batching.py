@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 from redis import Redis
-from rq.exceptions import DequeueTimeout
+from rq.exceptions import AbandonedJobError, DequeueTimeout
 from rq.job import JobStatus
 from rq.queue import Queue
 from rq.results import Result
@@ -31,7 +31,7 @@ from rq.utils import current_timestamp, now, str_to_date, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.jobs import QueueCache, enqueue_webhook, event_message, publish_event
+from shared.jobs import ANNOUNCED_FIELD, QueueCache, announce_failed, enqueue_webhook, event_message, publish_event
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.bookkeeping import Outcome, QueueBook, end_entry, write_finish, write_registries, write_start
@@ -121,6 +121,10 @@ class BatchWorker(SimpleWorker):
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
 
+        # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
+        self._abandoned: list[str] = []
+        self.push_exc_handler(self._note_abandoned)
+
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
         self._suspension_checked_at = -math.inf
         self.batches_run = 0
@@ -145,6 +149,25 @@ class BatchWorker(SimpleWorker):
 
     def run_maintenance_tasks(self) -> None:
         _survive_outage(super().run_maintenance_tasks)
+
+    def _note_abandoned(self, job: Any, exc_type: type, exc_value: BaseException, tb: Any) -> bool:
+        """RQ's cleanup calls this before it retries or fails a dead worker's job; note the ones it will fail."""
+        if exc_type is AbandonedJobError and not (job.retries_left and job.retries_left > 0):
+            self._abandoned.append(job.id)
+        return True  # fall through: RQ goes on to fail it as usual
+
+    def clean_registries(self) -> None:
+        """RQ's maintenance, then the event and webhook its failures never sent (README: every end is told)."""
+        try:
+            super().clean_registries()
+        finally:
+            noted, self._abandoned = self._abandoned, []
+            announce_failed(self.connection, self.queue_cache, self.settings, noted)
+
+    def handle_job_failure(self, job: Any, queue: Any, started_job_registry: Any = None, exc_string: str = "") -> None:
+        """RQ's intermediate-list cleanup fails a job stuck there this way: tell its waiters and webhook too."""
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
+        announce_failed(self.connection, self.queue_cache, self.settings, [job.id])
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
@@ -457,7 +480,7 @@ class BatchWorker(SimpleWorker):
     def _outcome(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
         """How the job ended, for the finish script; queues its webhook in the same MULTI."""
         job = item.job
-        info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
+        info = {**item.info, "batch_size": str(batch_size), "worker": self.name, ANNOUNCED_FIELD: "1"}
         info.pop("content_type", None)
         if item.error is None:
             status, value, ttl = "finished", item.output, job.get_result_ttl(self.settings.result_ttl_s)
