@@ -14,7 +14,7 @@ from rq.utils import utcformat
 
 from shared import keys
 from shared.errors import NotFound
-from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
+from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
 from shared.models import ModelConfig, TensorInput
 from shared.rqjson import JSONJob
 from shared.settings import Settings
@@ -253,3 +253,38 @@ def test_a_dead_workers_job_failed_by_maintenance_is_announced_once(redis: redis
     deliveries = redis.lrange(f"rq:queue:{keys.WEBHOOK_QUEUE}", 0, -1)
     assert len(deliveries) == 1
     events.close()
+
+
+def test_a_cancel_during_the_finish_ends_the_job_once_as_canceled(
+    redis: redis_py.Redis, redis_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to answer OK, yet the finish still wrote finished, published it and queued a second webhook."""
+    payload = json.dumps({"inputs": [1, 1]}).encode()
+    job_id = enqueue_job(
+        QueueCache(redis), settings, Submission("echo", payload, "application/json", webhook="https://example.com/h")
+    ).id
+    other = redis_py.Redis.from_url(redis_url)
+    write = batching.write_finish
+    cancels = []
+
+    def cancel_then_write(*args: Any) -> None:
+        if not cancels:  # the client's cancel lands after the worker read the flags, before its write
+            cancel_job(QueueCache(other), settings, job_id)
+            cancels.append(job_id)
+        write(*args)
+
+    monkeypatch.setattr(batching, "write_finish", cancel_then_write)
+    events = redis.pubsub()
+    events.subscribe(keys.EVENTS_CHANNEL)
+    assert events.get_message(timeout=1)["type"] == "subscribe"
+    BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="race").work(burst=True)
+    view = get_job_view(redis, job_id)
+    assert view["status"] == "canceled" and view["result"] is None
+    told = []
+    while (message := events.get_message(timeout=0.5)) is not None:
+        told.append(json.loads(message["data"])["status"])
+    assert told == ["started", "canceled"]
+    assert redis.llen(f"rq:queue:{keys.WEBHOOK_QUEUE}") == 1
+    assert redis.exists(f"rq:results:{job_id}") == 0
+    events.close()
+    other.close()

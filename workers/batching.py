@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
-from redis import Redis
+from redis import Redis, WatchError
 from rq.exceptions import AbandonedJobError, DequeueTimeout
 from rq.job import JobStatus
 from rq.queue import Queue
@@ -442,40 +442,49 @@ class BatchWorker(SimpleWorker):
             if item.job.enqueued_at and item.job.started_at:
                 item.info["queue_ms"] = f"{_ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
         info_keys = [keys.info_key(item.job.id) for item in items]
-        canceled_before = [bool(flag) for flag in _eval(self.connection, _CANCEL_FLAGS, info_keys)]
-        succeeded = failed = 0
         with self.connection.pipeline(transaction=True) as pipe:
-            pipe.multi()  # explicit, so enqueue_webhook's RQ helpers do not open a second one
-            # Read again inside the MULTI: a cancel that lands after the read above shows here.
-            _eval(pipe, _CANCEL_FLAGS, info_keys)
-            entries = []
-            for item, canceled in zip(items, canceled_before, strict=True):
-                outcome = None if canceled else self._outcome(pipe, item, len(items), runner)
-                if outcome is not None:
-                    succeeded += outcome.status == "finished"
-                    failed += outcome.status == "failed"
-                entries.append(end_entry(item.job, item.execution, keys.payload_key(item.job.id), outcome, self.name))
-            # One script: results, registries and, per job after its result, the event.
-            finish_at = len(pipe)
-            write_finish(pipe, self._book(queue), keys.EVENTS_CHANNEL, entries)
-            if succeeded:
-                pipe.hincrby(self.key, "successful_job_count", succeeded)
-            if failed:
-                pipe.hincrby(self.key, "failed_job_count", failed)
-            started_at = items[0].job.started_at or ended_at
-            pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
-            self.set_current_job_id(None, pipeline=pipe)
-            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            replies = pipe.execute()
-        flags = replies[0]
-        vanished = [job_id.decode() for job_id in replies[finish_at] or []] if entries else []
+            while True:
+                try:
+                    replies, finish_at = self._finish_once(pipe, runner, items, queue, info_keys, ended_at)
+                    break
+                except WatchError:
+                    # A cancel landed between our read of the flags and our write: read them again, so
+                    # the job ends once, as canceled (cancel_job's own WATCH on the job hash covers the
+                    # other order: a finish first makes the cancel answer Conflict).
+                    continue
+        vanished = [job_id.decode() for job_id in replies[finish_at] or []]
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished
             )
-        late = [item for item, flag, before in zip(items, flags, canceled_before, strict=True) if flag and not before]
-        if late:
-            self._restore_canceled(late, queue)
+
+    def _finish_once(
+        self, pipe: Any, runner: ModelRunner, items: list[Item], queue: Queue, info_keys: list[str], ended_at: Any
+    ) -> tuple[list[Any], int]:
+        """One attempt at the finish transaction, WATCHing the cancel flags it reads."""
+        pipe.watch(*info_keys)
+        canceled = [bool(flag) for flag in _eval(pipe, _CANCEL_FLAGS, info_keys)]
+        succeeded = failed = 0
+        pipe.multi()
+        entries = []
+        for item, dropped in zip(items, canceled, strict=True):
+            outcome = None if dropped else self._outcome(pipe, item, len(items), runner)
+            if outcome is not None:
+                succeeded += outcome.status == "finished"
+                failed += outcome.status == "failed"
+            entries.append(end_entry(item.job, item.execution, keys.payload_key(item.job.id), outcome, self.name))
+        # One script: results, registries and, per job after its result, the event.
+        finish_at = len(pipe)
+        write_finish(pipe, self._book(queue), keys.EVENTS_CHANNEL, entries)
+        if succeeded:
+            pipe.hincrby(self.key, "successful_job_count", succeeded)
+        if failed:
+            pipe.hincrby(self.key, "failed_job_count", failed)
+        started_at = items[0].job.started_at or ended_at
+        pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
+        self.set_current_job_id(None, pipeline=pipe)
+        self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+        return pipe.execute(), finish_at
 
     def _outcome(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
         """How the job ended, for the finish script; queues its webhook in the same MULTI."""
