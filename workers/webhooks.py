@@ -3,25 +3,31 @@
 Retries follow ``Settings.webhook_retry_delays_s`` on connection errors, 5xx, 408 and 429
 (a ``Retry-After`` header wins, capped); any other answer ends the delivery. Redirects are
 not followed. Each attempt is appended to the job's webhook attempts list.
+
+A sender killed mid-attempt leaves its delivery job in RQ's started registry; once its
+heartbeat lapses, maintenance requeues it (the job carries RQ retries), so it is sent again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+import redis
 from redis import Redis
-from rq import get_current_job
+from rq import Queue, get_current_job
+from rq.job import Retry
 from rq.serializers import JSONSerializer
-from rq.worker import SimpleWorker
+from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, signing
 from shared.errors import InvalidInput, NotFound
-from shared.jobs import DELIVER_FUNC, get_job_view, isoformat, utcnow
+from shared.jobs import DELIVER_FUNC, WEBHOOK_CRASH_RETRIES, get_job_view, isoformat, utcnow
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from shared.urls import check_webhook_target
@@ -111,13 +117,49 @@ def _schedule(connection: Redis, settings: Settings, job_id: str, attempt: int, 
         result_ttl=settings.webhook_ttl_s,
         failure_ttl=settings.webhook_ttl_s,
         job_timeout=int(settings.webhook_timeout_s) + 30,
+        retry=Retry(max=WEBHOOK_CRASH_RETRIES),
         description=f"webhook for {job_id} (attempt {attempt})",
     )
 
 
-def webhook_worker(connection: Redis, settings: Settings, name: str | None = None) -> SimpleWorker:
+class WebhookWorker(SimpleWorker):
+    """RQ's SimpleWorker with the batching worker's short heartbeat, kept alive while an attempt runs.
+
+    RQ's default heartbeat for a job is its timeout + 60 s, so a killed sender's delivery sat
+    in the started registry for minutes. With ``heartbeat_ttl_s`` refreshed every third of
+    it, maintenance (every ``maintenance_interval_s``) requeues it within a minute.
+    """
+
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings
+
+    def get_heartbeat_ttl(self, job: Any) -> int:
+        return self.settings.heartbeat_ttl_s
+
+    def execute_job(self, job: Any, queue: Queue) -> None:
+        self.prepare_execution(job)
+        stop = threading.Event()
+        beat = threading.Thread(target=self._keep_alive, args=(job, stop), daemon=True)
+        beat.start()
+        try:
+            self.perform_job(job, queue)
+        finally:
+            stop.set()
+            beat.join()
+        self.set_state(WorkerStatus.IDLE)
+
+    def _keep_alive(self, job: Any, stop: threading.Event) -> None:
+        while not stop.wait(self.settings.heartbeat_ttl_s / 3):
+            try:
+                self.maintain_heartbeats(job)
+            except redis.exceptions.RedisError as exc:
+                log.warning("webhook sender %s: heartbeat failed (%s)", self.name, exc)
+
+
+def webhook_worker(connection: Redis, settings: Settings, name: str | None = None) -> WebhookWorker:
     """The RQ worker that sends webhooks; run it with ``work(with_scheduler=True)`` for retries."""
-    return SimpleWorker(
+    return WebhookWorker(
         [JSONQueue(keys.WEBHOOK_QUEUE, connection=connection)],
         connection=connection,
         name=name,
@@ -127,4 +169,5 @@ def webhook_worker(connection: Redis, settings: Settings, name: str | None = Non
         worker_ttl=settings.worker_ttl_s,
         maintenance_interval=settings.maintenance_interval_s,
         default_result_ttl=settings.webhook_ttl_s,
+        settings=settings,
     )
