@@ -1,22 +1,31 @@
 """Webhook delivery: one RQ job per attempt on the webhooks queue, sent by ``inferq webhooks``.
 
-Retries follow ``Settings.webhook_retry_delays_s`` on connection errors, 5xx, 408 and 429
-(a ``Retry-After`` header wins, capped); any other answer ends the delivery. Redirects are
-not followed. Each attempt is appended to the job's webhook attempts list.
+Retries follow ``Settings.webhook_retry_delays_s`` on connection errors, timeouts, 5xx, 408
+and 429 (a ``Retry-After`` header wins, capped); any other answer ends the delivery. Redirects
+are not followed. Each attempt is appended to the job's webhook attempts list.
 
+An attempt is bounded: ``webhook_timeout_s`` covers the DNS lookup, connect, TLS, sending and
+the whole answer, and at most ``RESPONSE_BYTES_MAX`` of the answer's body is read. The host is
+resolved once, checked (shared/urls.py), and the connection goes to the checked address.
 A sender killed mid-attempt leaves its delivery job in RQ's started registry; once its
 heartbeat lapses, maintenance requeues it (the job carries RQ retries), so it is sent again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import httpcore
 import httpx
 import redis
 from redis import Redis
@@ -30,11 +39,13 @@ from shared.errors import InvalidInput, NotFound
 from shared.jobs import DELIVER_FUNC, WEBHOOK_CRASH_RETRIES, get_job_view, isoformat, utcnow
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
-from shared.urls import check_webhook_target
+from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}
 MAX_RETRY_AFTER_S = 3600.0
+# Enough to see a receiver's status and a short error; a receiver cannot make us hold more.
+RESPONSE_BYTES_MAX = 4096
 
 
 def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
@@ -57,26 +68,23 @@ def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
     # webhook-id stays the same across retries so receivers can deduplicate.
     headers = signing.headers(secret, f"msg_{job_id}", body)
     record: dict[str, Any] = {"attempt": attempt, "at": isoformat(utcnow())}
-    retry_after: float | None = None
-    try:
-        # Again at delivery: the name may resolve elsewhere than it did at submit.
-        check_webhook_target(url, settings.webhook_allow)
-    except InvalidInput as exc:
-        record |= {"error": exc.message, "outcome": "refused"}
+    with Deadline(settings.webhook_timeout_s) as deadline:
+        answer = send(url, body, headers, settings.webhook_allow, deadline)
+    if answer.refused:
+        record |= {"error": answer.error, "outcome": "refused"}
         _record(connection, settings, job_id, record)
         return {"job_id": job_id, **record}
-    try:
-        with httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
-            response = client.post(url, content=body, headers=headers)
-        record["status_code"] = response.status_code
-        retryable = response.status_code >= 500 or response.status_code in RETRYABLE_STATUS
-        retry_after = _retry_after_s(response.headers.get("retry-after"))
-        delivered = 200 <= response.status_code < 300
-    except httpx.HTTPError as exc:
-        record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    if answer.error is not None:
+        record["error"] = answer.error
         retryable, delivered = True, False
+    else:
+        assert answer.status_code is not None
+        record |= {"status_code": answer.status_code, "response_bytes": answer.response_bytes}
+        retryable = answer.status_code >= 500 or answer.status_code in RETRYABLE_STATUS
+        delivered = 200 <= answer.status_code < 300
     delays = settings.webhook_retry_delays_s
     if not delivered and retryable and attempt <= len(delays):
+        retry_after = answer.retry_after_s
         delay = min(retry_after if retry_after is not None else delays[attempt - 1], MAX_RETRY_AFTER_S)
         record["next_attempt_in_s"] = delay
         _schedule(connection, settings, job_id, attempt + 1, delay)
@@ -84,6 +92,168 @@ def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
     _record(connection, settings, job_id, record)
     log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
     return {"job_id": job_id, **record}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt came to: a status, or an error (refused: never to be retried)."""
+
+    status_code: int | None = None
+    response_bytes: int = 0
+    retry_after_s: float | None = None
+    error: str | None = None
+    refused: bool = False
+
+
+class Deadline:
+    """One attempt's whole time budget, and a watchdog that ends the attempt when it runs out.
+
+    httpx's timeouts apply to each socket operation, so a receiver sending a byte every 0.2 s
+    never trips a 1 s timeout. At the deadline the watchdog shuts the attempt's sockets down,
+    which ends whatever read or write is in progress (TLS handshake included).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._ends = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def left_s(self) -> float:
+        return max(0.0, self._ends - time.monotonic())
+
+    @property
+    def passed(self) -> bool:
+        return self._fired or time.monotonic() >= self._ends
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            fired = self._fired
+        if fired:
+            _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class PinnedBackend(httpcore.NetworkBackend):
+    """Connects to the addresses that were checked, whatever the host name resolves to by now.
+
+    httpcore would resolve the name again when connecting: a DNS answer that changed since the
+    check (rebinding) would reach 127.0.0.1. TLS still verifies the certificate for the name,
+    which httpcore passes to ``start_tls`` itself, and the Host header keeps the name.
+    """
+
+    def __init__(self, addresses: Iterable[IPAddress], deadline: Deadline) -> None:
+        self._addresses = list(addresses)
+        self._deadline = deadline
+        self._tcp = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        error: Exception = httpcore.ConnectError(f"no address to connect to for {host}")
+        for address in self._addresses:
+            left_s = self._deadline.left_s()
+            if left_s <= 0:
+                raise httpcore.ConnectTimeout("the delivery's time ran out while connecting")
+            try:
+                stream = self._tcp.connect_tcp(
+                    str(address), port, min(timeout or left_s, left_s), local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc  # try the host's next address, as socket.create_connection would
+                continue
+            self._deadline.watch(stream.get_extra_info("socket"))
+            return stream
+        raise error
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        raise httpcore.ConnectError("webhooks are delivered over TCP only")
+
+
+class PinnedTransport(httpx.HTTPTransport):
+    """httpx's transport over a ``PinnedBackend``: no proxy, which would resolve the name itself."""
+
+    def __init__(self, addresses: Iterable[IPAddress], deadline: Deadline) -> None:
+        super().__init__(trust_env=False)
+        # httpx takes no network backend of its own: the pool it built is replaced by one that uses ours.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),  # SSL_CERT_FILE / SSL_CERT_DIR still apply
+            max_connections=1,
+            network_backend=PinnedBackend(addresses, deadline),
+        )
+
+
+def send(url: str, body: bytes, headers: dict[str, str], allow: Iterable[str], deadline: Deadline) -> Answer:
+    """One POST to a checked address of the URL's host, within ``deadline``; never raises for the receiver."""
+    try:
+        host, port = webhook_origin(url)
+    except InvalidInput as exc:
+        return Answer(error=exc.message, refused=True)
+    try:
+        addresses = resolve_in_time(host, port, deadline.left_s())
+    except TimeoutError:
+        return Answer(error=f"could not resolve webhook host {host!r} within {deadline.seconds:g} s")
+    except OSError:
+        return Answer(error=f"webhook host {host!r} does not resolve")
+    try:
+        # Again at delivery: the name may resolve elsewhere than it did at submit.
+        check_addresses(host, addresses, allow)
+    except InvalidInput as exc:
+        return Answer(error=exc.message, refused=True)
+    try:
+        with (
+            httpx.Client(
+                transport=PinnedTransport(addresses, deadline),
+                timeout=deadline.seconds,
+                follow_redirects=False,
+                trust_env=False,
+            ) as client,
+            client.stream("POST", url, content=body, headers=headers) as response,
+        ):
+            read = 0
+            # Raw: a compressed answer is not inflated. Chunks are at most httpcore's 64 KiB reads.
+            for chunk in response.iter_raw():
+                read += len(chunk)
+                if read >= RESPONSE_BYTES_MAX:
+                    break  # leaving the block closes the connection with the rest unread
+    except httpx.HTTPError as exc:
+        if deadline.passed or isinstance(exc, httpx.TimeoutException):
+            return Answer(error=f"timed out: no complete answer within {deadline.seconds:g} s")
+        return Answer(error=f"{type(exc).__name__}: {exc}"[:300])
+    return Answer(
+        status_code=response.status_code,
+        response_bytes=min(read, RESPONSE_BYTES_MAX),
+        retry_after_s=_retry_after_s(response.headers.get("retry-after")),
+    )
 
 
 def _record(connection: Redis, settings: Settings, job_id: str, record: dict[str, Any]) -> None:
