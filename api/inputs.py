@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import AnyHttpUrl, TypeAdapter, ValidationError
 from starlette.datastructures import UploadFile
 
@@ -109,12 +110,14 @@ async def parse_submission(request: Request, config: ModelConfig, body: bytes, s
     header = request.headers.get("content-type", "")
     media_type = header.split(";")[0].strip().lower()
     kind = input_kind(config.input)
+    # Parsing and checking a body of up to max_body_bytes is CPU work: off the event loop, so one hostile
+    # body never stalls other requests.
     if media_type == "application/json" and kind.from_json is not None:
-        return _json_submission(config, kind, body, settings)
+        return await run_in_threadpool(_json_submission, config, kind, body, settings)
     if media_type == "multipart/form-data" and kind.multipart:
         return await _multipart_submission(request, config, kind, settings)
     if kind.from_bytes is not None and kind.takes_media(media_type):
-        payload = kind.from_bytes(config.input, body, header, config.name, settings)
+        payload = await run_in_threadpool(kind.from_bytes, config.input, body, header, config.name, settings)
         return Submission(config.name, payload.data, payload.content_type)
     raise UnsupportedMedia(f"model {config.name} takes {kind.takes}")
 
@@ -156,7 +159,9 @@ async def _multipart_submission(
         if not isinstance(upload, UploadFile):
             raise InvalidInput(f"the form needs a 'file' field holding the {kind.name}")
         data = await upload.read()
-        payload = kind.from_bytes(config.input, data, upload.content_type or "", config.name, settings)
+        payload = await run_in_threadpool(
+            kind.from_bytes, config.input, data, upload.content_type or "", config.name, settings
+        )
         webhook = form.get("webhook")
         result_ttl = form.get("result_ttl")
         deadline = form.get("ttl")

@@ -284,7 +284,7 @@ def test_tensor_submissions_are_unchanged(settings: Settings, redis: redis_py.Re
     response = submit(settings, "pair", content=b"1,2", headers={"content-type": "text/plain"})
     assert_refused(redis, response, 415, "unsupported_media_type", "model pair takes a JSON body {'inputs': [...]}")
     response = submit(settings, "pair", json={"inputs": [1, 2, 3]})
-    assert_refused(redis, response, 422, "invalid_input", "inputs has shape [3]; model pair takes [2]")
+    assert_refused(redis, response, 422, "invalid_input", "inputs: expected an array of length 2, got length 3")
     response = submit(settings, "pair", json={"inputs": [1, 2.5]})
     assert stored(redis, response) == (b'{"inputs": [1, 2.5]}', b"application/json")
 
@@ -339,9 +339,9 @@ def ranged(tmp_path: Path, redis_url: str) -> Settings:
         ("counts", b'{"inputs": [[1, 2], [9223372036854775808, 4]]}', f"inputs[1][0] is out of range for {INT64}"),
         ("counts", b'{"inputs": [[1, -9223372036854775809], [3, 4]]}', f"inputs[0][1] is out of range for {INT64}"),
         ("counts", b'{"inputs": [[1, 2], [3, ' + b"9" * 400 + b"]]}", f"inputs[1][1] is out of range for {INT64}"),
-        ("counts", b'{"inputs": [[1, 2], [true, 4]]}', "inputs[1][0] must be a number, got bool"),
-        ("counts", b'{"inputs": [[1, 2], [3, false]]}', "inputs[1][1] must be a number, got bool"),
-        ("pair32", b'{"inputs": [true, 1.5]}', "inputs[0] must be a number, got bool"),
+        ("counts", b'{"inputs": [[1, 2], [true, 4]]}', "inputs[1][0] must be a number, got boolean"),
+        ("counts", b'{"inputs": [[1, 2], [3, false]]}', "inputs[1][1] must be a number, got boolean"),
+        ("pair32", b'{"inputs": [true, 1.5]}', "inputs[0] must be a number, got boolean"),
         ("pair32", b'{"inputs": [1.5, 3.5e38]}', f"inputs[1] is out of range for {FLOAT32}"),
         ("pair32", b'{"inputs": [-1e39, 0]}', f"inputs[0] is out of range for {FLOAT32}"),
         ("wide", b'{"inputs": [1, ' + b"9" * 400 + b"]}", f"inputs[1] is out of range for {FLOAT64}"),

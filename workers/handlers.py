@@ -16,6 +16,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from shared.errors import ConfigError, InvalidInput, UnsupportedMedia
+from shared.inputs.image import IMAGE_FORMATS, check_png_chunks
 from shared.models import ImageInput, ModelConfig, TensorInput
 from workers.collation import move_batch, pad_sequences, split, stack, to_device
 from workers.formats import DTYPES, import_object, load_model
@@ -216,7 +217,8 @@ class ImageClassifier(Handler):
             # Pillow only warns between its own limit and twice that; make it an error here.
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image: Image.Image = Image.open(BytesIO(payload))
+                check_png_chunks(payload)
+                image: Image.Image = Image.open(BytesIO(payload), formats=IMAGE_FORMATS)
                 # The size comes from the header: refuse before any pixel data is decoded.
                 width, height = image.size
                 limit = self.max_image_pixels

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 from typing import Any, Literal
 
@@ -26,20 +27,43 @@ class ImageInput(BaseModel):
     std: list[float] = Field(default_factory=lambda: [1.0])
 
 
+# The formats the README names; Pillow's other decoders (dozens, some rarely exercised) are never opened.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+# Real PNGs carry a handful of chunks before their pixels; Pillow walks every one of them to find the size.
+MAX_PNG_CHUNKS = 10_000
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png_chunks(data: bytes) -> None:
+    """Refuse a PNG padded with thousands of chunks before its image data, before Pillow parses them all."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return
+    offset = len(_PNG_SIGNATURE)
+    for _ in range(MAX_PNG_CHUNKS):
+        if offset + 8 > len(data):
+            return  # truncated: Pillow says what is wrong
+        (length,) = struct.unpack_from(">I", data, offset)
+        if data[offset + 4 : offset + 8] in (b"IDAT", b"IEND"):
+            return
+        offset += 12 + length
+    raise InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data")
+
+
 def check_image(data: bytes, settings: Settings) -> str:
     """Read only the image header: the format Pillow found, or a 415/422."""
     if not data:
         raise InvalidInput("the image is empty")
+    check_png_chunks(data)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
+            with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as image:
                 width, height = image.size
                 fmt = image.format or "unknown"
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise InvalidInput(f"the image has too many pixels (limit {settings.max_image_pixels})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, ...)") from None
+        raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, GIF or BMP)") from None
     if width * height > settings.max_image_pixels:
         raise InvalidInput(
             f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"

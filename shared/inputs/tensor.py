@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from shared.errors import InvalidInput
-from shared.inputs.base import InputKind, Payload, json_body
+from shared.inputs.base import InputKind, Payload, json_body, json_type
 from shared.settings import Settings
 
 # What the worker's torch.tensor(..., dtype) can hold. Past these, int64 and float64 raise in the
@@ -28,17 +28,25 @@ class TensorInput(BaseModel):
     dtype: Literal["float32", "float64", "int64"] = "float32"
 
 
-def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
-    """The shape of a nested JSON list of finite numbers, checked against the dtype."""
-    if isinstance(value, list):
-        if not value:
-            return [0]
-        shapes = [tensor_shape(v, dtype, f"{where}[{i}]") for i, v in enumerate(value)]
-        if any(shape != shapes[0] for shape in shapes):
-            raise InvalidInput(f"{where} is ragged: its rows have different shapes")
-        return [len(value), *shapes[0]]
+def check_tensor(value: Any, shape: list[int], dtype: str, where: str = "inputs") -> None:
+    """Check a nested JSON list against the model's shape from the outside in, failing at the first misfit.
+
+    Top-down, so a 10 MiB list for a 2-number model is refused at its length, and nesting deeper than
+    the model's rank is refused at the first extra level (no recursion past the shape's depth).
+    """
+    if shape:
+        if not isinstance(value, list) or len(value) != shape[0]:
+            got = f"length {len(value)}" if isinstance(value, list) else json_type(value)
+            raise InvalidInput(f"{where}: expected an array of length {shape[0]}, got {got}")
+        for i, item in enumerate(value):
+            check_tensor(item, shape[1:], dtype, f"{where}[{i}]")
+        return
+    _check_number(value, dtype, where)
+
+
+def _check_number(value: Any, dtype: str, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{where} must be a number, got {type(value).__name__}")
+        raise InvalidInput(f"{where} must be a number, got {json_type(value)}")
     if dtype == "int64" and not isinstance(value, int):
         raise InvalidInput(f"{where} must be an integer for an int64 model")
     if isinstance(value, float) and not math.isfinite(value):
@@ -48,14 +56,11 @@ def tensor_shape(value: Any, dtype: str, where: str = "inputs") -> list[int]:
     if dtype in FLOAT_MAX and abs(value) > FLOAT_MAX[dtype]:
         # Compared exactly: an int too large for any float is refused, never converted.
         raise InvalidInput(f"{where} is out of range for {dtype} (magnitude at most {FLOAT_MAX[dtype]!r})")
-    return []
 
 
 def from_json(spec: TensorInput, inputs: Any, model: str, settings: Settings) -> Payload:
     """The array re-serialized as ``{"inputs": [...]}``, once its shape and numbers fit the model."""
-    shape = tensor_shape(inputs, spec.dtype)
-    if shape != spec.shape:
-        raise InvalidInput(f"inputs has shape {shape}; model {model} takes {spec.shape}")
+    check_tensor(inputs, spec.shape, spec.dtype)
     return Payload(json.dumps({"inputs": inputs}).encode(), "application/json")
 
 
