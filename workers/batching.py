@@ -407,6 +407,8 @@ class BatchWorker(SimpleWorker):
             executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now(), job_ttl_s)
             for item, execution in zip(items, executions, strict=True):
                 item.execution = execution
+                # The input's TTL was set at submit; a job retried after its worker dies must still find it.
+                pipe.expire(keys.payload_key(item.job.id), job_ttl_s)
             events = [event_message(i.job.id, model, "started", batch_size=len(items)) for i in items]
             _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             if items:
