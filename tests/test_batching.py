@@ -318,3 +318,48 @@ def test_rq_info_requeueing_a_dead_workers_batch_leaves_the_jobs_consistent(
     assert redis.zcard("rq:wip:inferq.echo") == 0 and redis.llen(queue.intermediate_queue_key) == 0
     assert redis.zcard("rq:finished:inferq.echo") == 3 and redis.zcard("rq:failed:inferq.echo") == 0
     assert [redis.hget(JSONJob.key_for(i), "retries_left") for i in ids] == [b"1"] * 3
+
+
+def _two_model_worker(redis: redis_py.Redis, settings: Settings, name: str) -> BatchWorker:
+    runners = {}
+    for model in ("a", "b"):
+        runner = _runner(2)
+        runner.config = runner.config.model_copy(update={"name": model})
+        runners[model] = runner
+    return BatchWorker(runners, connection=redis, settings=settings, name=name)
+
+
+def _submit_to(redis: redis_py.Redis, settings: Settings, model: str, value: float) -> str:
+    payload = json.dumps({"inputs": [value, value]}).encode()
+    return enqueue_job(QueueCache(redis), settings, Submission(model, payload, "application/json")).id
+
+
+def test_a_worker_of_several_models_claims_atomically_into_the_intermediate_list(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """RQ's several-queue BLPOP left a popped job in no list: a worker killed then lost it."""
+    job_id = _submit_to(redis, settings, "b", 1.0)
+    worker = _two_model_worker(redis, settings, "atomic")
+    claimed = worker.dequeue_job_and_maintain_ttl(timeout=1)
+    assert claimed is not None and claimed[0].id == job_id and claimed[1].name == "inferq.b"
+    assert redis.lrange("rq:queue:inferq.b:intermediate", 0, -1) == [job_id.encode()]
+    assert redis.llen("rq:queue:inferq.b") == 0
+
+
+def test_a_worker_of_several_models_serves_them_in_turn(redis: redis_py.Redis, settings: Settings) -> None:
+    """Strict queue order kept model b's older job behind every job of model a."""
+    b_job = _submit_to(redis, settings, "b", 9.0)
+    a_jobs = [_submit_to(redis, settings, "a", float(i)) for i in range(8)]
+    worker = _two_model_worker(redis, settings, "fair")
+    served: list[str] = []
+    execute = worker.execute_job
+
+    def record(job: JSONJob, queue: Any) -> None:
+        served.append(queue.name)
+        execute(job, queue)
+
+    worker.execute_job = record  # type: ignore[method-assign]
+    worker.work(burst=True)
+    assert served.index("inferq.b") <= 1  # its turn comes within the first two batches, not after a's four
+    assert get_job_view(redis, b_job)["status"] == "finished"
+    assert [get_job_view(redis, j)["status"] for j in a_jobs] == ["finished"] * 8

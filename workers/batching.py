@@ -65,6 +65,18 @@ end
 return out
 """
 
+# Several queues: move the first waiting job, trying KEYS pairwise (queue, its intermediate list) in order;
+# returns {1-based pair position, job id} or false. LMOVE needs Redis >= 6.2.
+_CLAIM_FIRST = """
+for i = 1, #KEYS, 2 do
+  local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
+  if id then return {(i + 1) / 2, id} end
+end
+return false
+"""
+# How long an idle worker serving several queues waits between claims, at most.
+MULTI_QUEUE_POLL_S = 0.02
+
 # Server-side loops: one command for what would be one command per job.
 _CANCEL_FLAGS = """
 local out = {}
@@ -120,6 +132,7 @@ class BatchWorker(SimpleWorker):
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
+        self._turn = 0  # which queue a multi-queue worker tries first on its next claim
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -177,12 +190,9 @@ class BatchWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
-        """RQ's dequeue for one queue without its per-job fetch: execute_job loads the batch anyway."""
-        if len(self.queues) != 1:
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[return-value]
-        queue = self.queues[0]
+        """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
         _survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
-        self.procline(f"Listening on {queue.name}")
+        self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
         wait_s = 1.0
         idle_since = now()
         idle_left = max_idle_time
@@ -193,17 +203,12 @@ class BatchWorker(SimpleWorker):
                     self.run_maintenance_tasks()
                 if timeout is not None and idle_left is not None:
                     timeout = min(timeout, idle_left)
-                if timeout is None:
-                    job_id = self.connection.lmove(queue.key, queue.intermediate_queue_key)
-                    if job_id is None:
-                        return None
-                else:
-                    job_id = self.connection.blmove(queue.key, queue.intermediate_queue_key, timeout)
-                    if job_id is None:
-                        raise DequeueTimeout(timeout, queue.key)
-                job_text = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
-                self._held = (queue, [job_text])
-                return JSONJob(job_text, connection=self.connection), queue
+                claimed = self._claim(timeout)
+                if claimed is None:
+                    return None
+                job_id, queue = claimed
+                self._held = (queue, [job_id])
+                return JSONJob(job_id, connection=self.connection), queue
             except DequeueTimeout:
                 if max_idle_time is not None:
                     idle_left = math.ceil(max_idle_time - (now() - idle_since).total_seconds())
@@ -213,6 +218,43 @@ class BatchWorker(SimpleWorker):
                 log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, wait_s)
                 time.sleep(wait_s)
                 wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
+
+    def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
+        """Move the next job into its queue's intermediate list in one step; None when empty (burst).
+
+        One queue: RQ's own blocking BLMOVE. Several (RQ would fall back to BLPOP, and a job popped by a
+        worker that dies before it registers is lost): one script moves the first waiting job of the
+        queues in rotating order, so each model gets its turn, polled with a short backoff while all are
+        empty (Redis has no blocking move from several lists).
+        """
+        if len(self.queues) == 1:
+            queue = self.queues[0]
+            job_id: Any
+            if timeout is None:
+                job_id = self.connection.lmove(queue.key, queue.intermediate_queue_key)
+            else:
+                job_id = self.connection.blmove(queue.key, queue.intermediate_queue_key, timeout)
+                if job_id is None:
+                    raise DequeueTimeout(timeout, queue.key)
+            return (_text(job_id), queue) if job_id is not None else None
+        turn = self._turn % len(self.queues)
+        order = self.queues[turn:] + self.queues[:turn]
+        script_keys = [key for q in order for key in (q.key, q.intermediate_queue_key)]
+        deadline = time.monotonic() + (timeout or 0)
+        pause_s = 0.001
+        while True:
+            found = _eval(self.connection, _CLAIM_FIRST, script_keys)
+            if found:
+                position, job_id = found
+                queue = order[int(position) - 1]
+                self._turn = self.queues.index(queue) + 1  # the next claim starts after the queue just served
+                return _text(job_id), queue
+            if timeout is None:
+                return None
+            if time.monotonic() >= deadline:
+                raise DequeueTimeout(timeout, ",".join(q.key for q in order))
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
         # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.
@@ -549,6 +591,10 @@ def _queued_job(job_id: str, raw: dict[bytes, bytes | None], connection: Redis) 
     job.result_ttl = _int(raw.get(b"result_ttl"))
     job.failure_ttl = _int(raw.get(b"failure_ttl"))
     return job
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _int(value: bytes | None) -> int | None:
