@@ -120,13 +120,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from redis import Redis
 
     from shared.models import load_model_configs
-    from shared.rqjson import refuse_pickle
+    from shared.rqjson import check_rq_version, refuse_pickle
     from workers.batching import BatchWorker
     from workers.handlers import resolve_device
     from workers.running import load_runner
 
     settings = get_settings()
     url = _require_redis(settings)
+    check_rq_version()
     refuse_pickle()
     configs = load_model_configs(settings.models_dir)
     names = args.model or sorted(configs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, cast
 
+import rq
 import rq.job
 import rq.queue
 import rq.registry
@@ -21,6 +22,8 @@ from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import DefaultSerializer, JSONSerializer
+
+from shared.errors import ConfigError
 
 
 class PickleRefused(RuntimeError):
@@ -63,6 +66,26 @@ class JSONQueue(Queue):
         kwargs.setdefault("serializer", JSONSerializer)
         kwargs.setdefault("job_class", JSONJob)
         super().__init__(name, connection=connection, **kwargs)
+
+
+# The rq versions whose storage layout (job hash fields, registries, executions, result streams) the
+# worker's batch scripts write directly; pyproject pins the same range.
+RQ_VERSIONS = ((2, 12), (3, 0))
+
+
+def check_rq_version(version: str | None = None) -> None:
+    """Refuse to start against an rq whose storage layout inferq was not written for."""
+    found = version or rq.__version__
+    try:
+        parts = tuple(int(p) for p in found.split(".")[:2])
+    except ValueError:
+        raise ConfigError(f"cannot read the installed rq version {found!r}") from None
+    low, high = RQ_VERSIONS
+    if not low <= parts < high:
+        raise ConfigError(
+            f"rq {found} is installed; inferq writes RQ's storage layout directly and needs rq >= "
+            f"{'.'.join(map(str, low))},< {'.'.join(map(str, high))} (pip install 'rq>=2.12,<3')"
+        )
 
 
 def fetch_job(job_id: str, connection: Redis) -> JSONJob:

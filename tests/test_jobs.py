@@ -12,9 +12,9 @@ from rq.exceptions import DeserializationError
 from rq.serializers import DefaultSerializer
 
 from shared import keys
-from shared.errors import Conflict, NotFound
+from shared.errors import ConfigError, Conflict, NotFound
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.rqjson import JSONJob, PickleRefused, fetch_job, refuse_pickle
+from shared.rqjson import JSONJob, PickleRefused, check_rq_version, fetch_job, refuse_pickle
 from shared.settings import Settings
 from tests.counting import CountingConnection, counting_client
 
@@ -110,3 +110,11 @@ def test_the_canceled_registry_expires_with_the_jobs_it_names(redis: redis_py.Re
     cancel_job(queues, settings, later)
     assert redis.zrange(registry, 0, -1) == [later.encode()]
     assert 0 < redis.ttl(registry) <= settings.canceled_ttl_s
+
+
+def test_the_rq_version_is_checked_against_the_layout_inferq_writes() -> None:
+    check_rq_version()  # the installed one
+    check_rq_version("2.12.0")
+    for version in ("2.11.3", "3.0.0", "1.16.2"):
+        with pytest.raises(ConfigError, match=rf"^rq {version} is installed; inferq writes RQ's storage layout"):
+            check_rq_version(version)

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import redis
@@ -25,72 +25,37 @@ from redis import Redis, WatchError
 from rq.exceptions import AbandonedJobError, DequeueTimeout
 from rq.job import JobStatus
 from rq.queue import Queue
-from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import current_timestamp, now, str_to_date, utcformat
+from rq.utils import current_timestamp, now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.jobs import ANNOUNCED_FIELD, QueueCache, announce_failed, enqueue_webhook, event_message, publish_event
+from shared.jobs import ANNOUNCED_FIELD, QueueCache, announce_failed, enqueue_webhook, event_message
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.bookkeeping import Outcome, QueueBook, end_entry, write_finish, write_registries, write_start
+from workers.bookkeeping import (
+    CANCEL_FLAGS,
+    JOB_FIELDS,
+    LREM_MANY,
+    POP_AND_LOAD,
+    PUBLISH_MANY,
+    Outcome,
+    QueueBook,
+    claim_next,
+    end_entry,
+    give_back,
+    give_back_held,
+    ms_between,
+    pairs,
+    queued_job,
+    restore_canceled,
+    run_script,
+    write_finish,
+    write_start,
+)
 from workers.running import BatchReport, BatchTimeout, Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
-
-# Pop up to ARGV[1] more IDs into RQ's intermediate list (so a worker killed right after the
-# pop leaves them where RQ's maintenance finds them), then read every job of the batch --
-# ARGV[2..] are IDs already popped -- with its payload and inferq info, in one round trip.
-# LPOP with a count needs Redis >= 6.2.
-_POP_AND_LOAD = """
-local ids = {}
-for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
-local want = tonumber(ARGV[1])
-if want > 0 then
-  local popped = redis.call('LPOP', KEYS[1], want)
-  if popped then
-    for _, id in ipairs(popped) do
-      redis.call('RPUSH', KEYS[2], id)
-      ids[#ids + 1] = id
-    end
-  end
-end
-local JOB_FIELDS = {'status', 'origin', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
-local out = {}
-for i, id in ipairs(ids) do
-  out[i] = {id, redis.call('HMGET', KEYS[3] .. id, unpack(JOB_FIELDS)), redis.call('GET', KEYS[4] .. id) or false,
-            redis.call('HGETALL', KEYS[5] .. id)}
-end
-return out
-"""
-
-# Several queues: move the first waiting job, trying KEYS pairwise (queue, its intermediate list) in order;
-# returns {1-based pair position, job id} or false. LMOVE needs Redis >= 6.2.
-_CLAIM_FIRST = """
-for i = 1, #KEYS, 2 do
-  local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
-  if id then return {(i + 1) / 2, id} end
-end
-return false
-"""
-# How long an idle worker serving several queues waits between claims, at most.
-MULTI_QUEUE_POLL_S = 0.02
-
-# Server-side loops: one command for what would be one command per job.
-_CANCEL_FLAGS = """
-local out = {}
-for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 'canceled') or false end
-return out
-"""
-_LREM_MANY = """
-for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
-return #ARGV
-"""
-_PUBLISH_MANY = """
-for i = 2, #ARGV do redis.call('PUBLISH', ARGV[1], ARGV[i]) end
-return #ARGV - 1
-"""
 
 
 class BatchWorker(SimpleWorker):
@@ -127,7 +92,7 @@ class BatchWorker(SimpleWorker):
         self.settings = settings
         self.max_wait_ms = max_wait_ms
         self.queue_cache = QueueCache(connection)
-        self._pop_and_load = connection.register_script(_POP_AND_LOAD)
+        self._pop_and_load = connection.register_script(POP_AND_LOAD)
         self._books: dict[str, QueueBook] = {}
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
@@ -220,41 +185,13 @@ class BatchWorker(SimpleWorker):
                 wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
 
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
-        """Move the next job into its queue's intermediate list in one step; None when empty (burst).
-
-        One queue: RQ's own blocking BLMOVE. Several (RQ would fall back to BLPOP, and a job popped by a
-        worker that dies before it registers is lost): one script moves the first waiting job of the
-        queues in rotating order, so each model gets its turn, polled with a short backoff while all are
-        empty (Redis has no blocking move from several lists).
-        """
-        if len(self.queues) == 1:
-            queue = self.queues[0]
-            job_id: Any
-            if timeout is None:
-                job_id = self.connection.lmove(queue.key, queue.intermediate_queue_key)
-            else:
-                job_id = self.connection.blmove(queue.key, queue.intermediate_queue_key, timeout)
-                if job_id is None:
-                    raise DequeueTimeout(timeout, queue.key)
-            return (_text(job_id), queue) if job_id is not None else None
-        turn = self._turn % len(self.queues)
-        order = self.queues[turn:] + self.queues[:turn]
-        script_keys = [key for q in order for key in (q.key, q.intermediate_queue_key)]
-        deadline = time.monotonic() + (timeout or 0)
-        pause_s = 0.001
-        while True:
-            found = _eval(self.connection, _CLAIM_FIRST, script_keys)
-            if found:
-                position, job_id = found
-                queue = order[int(position) - 1]
-                self._turn = self.queues.index(queue) + 1  # the next claim starts after the queue just served
-                return _text(job_id), queue
-            if timeout is None:
-                return None
-            if time.monotonic() >= deadline:
-                raise DequeueTimeout(timeout, ",".join(q.key for q in order))
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
+        """The next job, moved into its queue's intermediate list in one step; None when empty (burst)."""
+        claimed = claim_next(self.connection, self.queues, self._turn, timeout)
+        if claimed is None:
+            return None
+        job_id, queue = claimed
+        self._turn = self.queues.index(queue) + 1  # the next claim starts after the queue just served
+        return job_id, queue
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
         # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.
@@ -358,21 +295,13 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        book = self._book(queue)
-        with self.connection.pipeline(transaction=True) as pipe:
-            write_registries(pipe, book, [i.execution for i in items if i.execution is not None], {}, {})
-            for item in items:
-                item.job.set_status(JobStatus.QUEUED, pipeline=pipe)
-            pipe.lpush(queue.key, *(item.job.id for item in reversed(items)))
-            pipe.execute()
+        executions = [i.execution for i in items if i.execution is not None]
+        give_back(self.connection, self._book(queue), [item.job for item in items], executions)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(items), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
         """Put popped jobs that never started back at the front of their queue, in order."""
-        with self.connection.pipeline(transaction=True) as pipe:
-            _eval(pipe, _LREM_MANY, [queue.intermediate_queue_key], job_ids)
-            pipe.lpush(queue.key, *reversed(job_ids))
-            pipe.execute()
+        give_back_held(self.connection, queue, job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(job_ids), queue.name)
 
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
@@ -420,12 +349,12 @@ class BatchWorker(SimpleWorker):
         dropped: list[str] = []
         for raw_id, flat_job, payload, flat_info in rows:
             job_id = raw_id.decode()
-            raw = dict(zip(_JOB_FIELDS, flat_job, strict=True))
-            info = {k.decode(): v.decode() for k, v in _pairs(flat_info).items()}
+            raw = dict(zip(JOB_FIELDS, flat_job, strict=True))
+            info = {k.decode(): v.decode() for k, v in pairs(flat_info).items()}
             if raw.get(b"status") != JobStatus.QUEUED.value.encode() or info.get("canceled"):
                 dropped.append(job_id)  # expired while queued, or canceled: it must not run
                 continue
-            job = _queued_job(job_id, raw, self.connection)
+            job = queued_job(job_id, raw, self.connection)
             items.append(Item(job, payload or None, info.get("content_type", ""), info=info))
         return items, dropped
 
@@ -441,8 +370,8 @@ class BatchWorker(SimpleWorker):
         model = keys.model_from_queue(queue.name)
         book = self._book(queue)
         with self.connection.pipeline(transaction=True) as pipe:
-            _eval(pipe, _CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
-            _eval(pipe, _LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
+            run_script(pipe, CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
+            run_script(pipe, LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
             # The job TTL: a job that started near its queue TTL must not expire mid-run.
             job_ttl_s = self._running_job_ttl_s()
             start_at = len(pipe)
@@ -452,7 +381,7 @@ class BatchWorker(SimpleWorker):
                 # The input's TTL was set at submit; a job retried after its worker dies must still find it.
                 pipe.expire(keys.payload_key(item.job.id), job_ttl_s)
             events = [event_message(i.job.id, model, "started", batch_size=len(items)) for i in items]
-            _eval(pipe, _PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
+            run_script(pipe, PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
             if items:
                 self.set_state(WorkerStatus.BUSY, pipeline=pipe)
                 self.set_current_job_id(items[0].job.id, pipeline=pipe)
@@ -484,7 +413,7 @@ class BatchWorker(SimpleWorker):
         for item in items:
             item.job.ended_at = ended_at
             if item.job.enqueued_at and item.job.started_at:
-                item.info["queue_ms"] = f"{_ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
+                item.info["queue_ms"] = f"{ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
         info_keys = [keys.info_key(item.job.id) for item in items]
         with self.connection.pipeline(transaction=True) as pipe:
             while True:
@@ -507,7 +436,7 @@ class BatchWorker(SimpleWorker):
     ) -> tuple[list[Any], int]:
         """One attempt at the finish transaction, WATCHing the cancel flags it reads."""
         pipe.watch(*info_keys)
-        canceled = [bool(flag) for flag in _eval(pipe, _CANCEL_FLAGS, info_keys)]
+        canceled = [bool(flag) for flag in run_script(pipe, CANCEL_FLAGS, info_keys)]
         succeeded = failed = 0
         pipe.multi()
         entries = []
@@ -549,22 +478,10 @@ class BatchWorker(SimpleWorker):
 
     def _restore_canceled(self, items: list[Item], queue: Queue) -> None:
         """Undo our writes for jobs a client canceled while we held them: canceled wins."""
-        ttl = self.settings.canceled_ttl_s
-        book = self._book(queue)
-        model = keys.model_from_queue(queue.name)
-        with self.connection.pipeline(transaction=True) as pipe:
-            executions = [item.execution for item in items if item.execution is not None]
-            write_registries(pipe, book, executions, {}, {})
-            for item in items:
-                job = item.job
-                job.set_status(JobStatus.CANCELED, pipeline=pipe)
-                pipe.delete(Result.get_key(job.id))
-                pipe.zrem(book.finished_key, job.id)
-                pipe.zrem(book.failed_key, job.id)
-                pipe.expire(job.key, ttl)
-                pipe.expire(keys.info_key(job.id), ttl)
-                publish_event(pipe, job.id, model, "canceled")
-            pipe.execute()
+        executions = [item.execution for item in items if item.execution is not None]
+        restore_canceled(
+            self.connection, self._book(queue), [i.job for i in items], executions, self.settings.canceled_ttl_s
+        )
         log.info("worker %s: dropped %d result(s) of jobs canceled mid-batch", self.name, len(items))
 
 
@@ -575,49 +492,3 @@ def _survive_outage(call: Any) -> None:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
         time.sleep(0.5)
-
-
-# The job hash fields a batch reads (the order _POP_AND_LOAD's JOB_FIELDS returns them in).
-_JOB_FIELDS = (b"status", b"origin", b"enqueued_at", b"timeout", b"result_ttl", b"failure_ttl")
-
-
-def _queued_job(job_id: str, raw: dict[bytes, bytes | None], connection: Redis) -> JSONJob:
-    """The fields of a queued job the batch needs; RQ's full restore() costs more than the model."""
-    job = JSONJob(job_id, connection=connection)
-    job._status = JobStatus.QUEUED
-    job.origin = (raw.get(b"origin") or b"").decode()
-    job.enqueued_at = _parse_time(raw.get(b"enqueued_at"))
-    job.timeout = _int(raw.get(b"timeout"))
-    job.result_ttl = _int(raw.get(b"result_ttl"))
-    job.failure_ttl = _int(raw.get(b"failure_ttl"))
-    return job
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _int(value: bytes | None) -> int | None:
-    return int(value) if value else None
-
-
-def _parse_time(value: bytes | None) -> datetime | None:
-    if not value:
-        return None
-    try:  # RQ's format, read without strptime (which cost more than the model here)
-        return datetime.fromisoformat(value.decode().rstrip("Z")).replace(tzinfo=UTC)
-    except ValueError:
-        return str_to_date(value)
-
-
-def _eval(client: Any, script: str, script_keys: list[str], args: list[Any] | None = None) -> Any:
-    # Plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to every pipeline.
-    return client.eval(script, len(script_keys), *script_keys, *(args or []))
-
-
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _ms_between(start: datetime, end: datetime) -> float:
-    return (end - start).total_seconds() * 1000.0

@@ -12,21 +12,26 @@ read exactly what RQ itself would have written.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
+from redis import Redis
 from redis.client import Pipeline
+from rq.exceptions import DequeueTimeout
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import current_timestamp, now, utcformat
+from rq.utils import current_timestamp, now, str_to_date, utcformat
 
+from shared import keys
+from shared.jobs import publish_event
 from shared.rqjson import JSONJob
 
 
@@ -234,3 +239,175 @@ def _result(job: JSONJob, execution: Execution | None, kind: Result.Type, worker
     result.execution_started_at = execution.created_at if execution else None
     result.execution_ended_at = job.ended_at
     return result
+
+
+# Pop up to ARGV[1] more IDs into RQ's intermediate list (so a worker killed right after the
+# pop leaves them where RQ's maintenance finds them), then read every job of the batch --
+# ARGV[2..] are IDs already popped -- with its payload and inferq info, in one round trip.
+# LPOP with a count needs Redis >= 6.2.
+POP_AND_LOAD = """
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+local want = tonumber(ARGV[1])
+if want > 0 then
+  local popped = redis.call('LPOP', KEYS[1], want)
+  if popped then
+    for _, id in ipairs(popped) do
+      redis.call('RPUSH', KEYS[2], id)
+      ids[#ids + 1] = id
+    end
+  end
+end
+local JOB_FIELDS = {'status', 'origin', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
+local out = {}
+for i, id in ipairs(ids) do
+  out[i] = {id, redis.call('HMGET', KEYS[3] .. id, unpack(JOB_FIELDS)), redis.call('GET', KEYS[4] .. id) or false,
+            redis.call('HGETALL', KEYS[5] .. id)}
+end
+return out
+"""
+
+# Several queues: move the first waiting job, trying KEYS pairwise (queue, its intermediate list) in order;
+# returns {1-based pair position, job id} or false. LMOVE needs Redis >= 6.2.
+CLAIM_FIRST = """
+for i = 1, #KEYS, 2 do
+  local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
+  if id then return {(i + 1) / 2, id} end
+end
+return false
+"""
+# How long an idle worker serving several queues waits between claims, at most.
+MULTI_QUEUE_POLL_S = 0.02
+
+# Server-side loops: one command for what would be one command per job.
+CANCEL_FLAGS = """
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 'canceled') or false end
+return out
+"""
+LREM_MANY = """
+for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
+return #ARGV
+"""
+PUBLISH_MANY = """
+for i = 2, #ARGV do redis.call('PUBLISH', ARGV[1], ARGV[i]) end
+return #ARGV - 1
+"""
+
+
+# The job hash fields a batch reads (the order POP_AND_LOAD's JOB_FIELDS returns them in).
+JOB_FIELDS = (b"status", b"origin", b"enqueued_at", b"timeout", b"result_ttl", b"failure_ttl")
+
+
+def queued_job(job_id: str, raw: dict[bytes, bytes | None], connection: Redis) -> JSONJob:
+    """The fields of a queued job the batch needs; RQ's full restore() costs more than the model."""
+    job = JSONJob(job_id, connection=connection)
+    job._status = JobStatus.QUEUED
+    job.origin = (raw.get(b"origin") or b"").decode()
+    job.enqueued_at = _parse_time(raw.get(b"enqueued_at"))
+    job.timeout = _int(raw.get(b"timeout"))
+    job.result_ttl = _int(raw.get(b"result_ttl"))
+    job.failure_ttl = _int(raw.get(b"failure_ttl"))
+    return job
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: bytes | None) -> int | None:
+    return int(value) if value else None
+
+
+def _parse_time(value: bytes | None) -> datetime | None:
+    if not value:
+        return None
+    try:  # RQ's format, read without strptime (which cost more than the model here)
+        return datetime.fromisoformat(value.decode().rstrip("Z")).replace(tzinfo=UTC)
+    except ValueError:
+        return str_to_date(value)
+
+
+def run_script(client: Any, script: str, script_keys: list[str], args: list[Any] | None = None) -> Any:
+    # Plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to every pipeline.
+    return client.eval(script, len(script_keys), *script_keys, *(args or []))
+
+
+def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def ms_between(start: datetime, end: datetime) -> float:
+    return (end - start).total_seconds() * 1000.0
+
+
+def claim_next(connection: Redis, queues: list[Queue], turn: int, timeout: int | None) -> tuple[str, Queue] | None:
+    """Move the next job into its queue's intermediate list in one step; None when empty and ``timeout`` is None.
+
+    One queue: RQ's own blocking BLMOVE. Several (RQ would fall back to BLPOP, and a job popped by a
+    worker that dies before it registers is lost): one script moves the first waiting job of the
+    queues, starting at ``turn`` so each model gets its turn, polled with a short backoff while all
+    are empty (Redis has no blocking move from several lists).
+    """
+    if len(queues) == 1:
+        queue = queues[0]
+        job_id: Any
+        if timeout is None:
+            job_id = connection.lmove(queue.key, queue.intermediate_queue_key)
+        else:
+            job_id = connection.blmove(queue.key, queue.intermediate_queue_key, timeout)
+            if job_id is None:
+                raise DequeueTimeout(timeout, queue.key)
+        return (text(job_id), queue) if job_id is not None else None
+    turn %= len(queues)
+    order = queues[turn:] + queues[:turn]
+    script_keys = [key for q in order for key in (q.key, q.intermediate_queue_key)]
+    deadline = time.monotonic() + (timeout or 0)
+    pause_s = 0.001
+    while True:
+        found = run_script(connection, CLAIM_FIRST, script_keys)
+        if found:
+            position, found_id = found
+            return text(found_id), order[int(position) - 1]
+        if timeout is None:
+            return None
+        if time.monotonic() >= deadline:
+            raise DequeueTimeout(timeout, ",".join(q.key for q in order))
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
+
+
+def give_back(connection: Redis, book: QueueBook, jobs: Sequence[JSONJob], executions: Sequence[Execution]) -> None:
+    """Started jobs back at the front of their queue, queued again, as they were."""
+    with connection.pipeline(transaction=True) as pipe:
+        write_registries(pipe, book, executions, {}, {})
+        for job in jobs:
+            job.set_status(JobStatus.QUEUED, pipeline=pipe)
+        pipe.lpush(book.queue.key, *(job.id for job in reversed(jobs)))
+        pipe.execute()
+
+
+def give_back_held(connection: Redis, queue: Queue, job_ids: list[str]) -> None:
+    """Popped jobs that never started, out of the intermediate list and back at the queue's front, in order."""
+    with connection.pipeline(transaction=True) as pipe:
+        run_script(pipe, LREM_MANY, [queue.intermediate_queue_key], job_ids)
+        pipe.lpush(queue.key, *reversed(job_ids))
+        pipe.execute()
+
+
+def restore_canceled(
+    connection: Redis, book: QueueBook, jobs: Sequence[JSONJob], executions: Sequence[Execution], ttl_s: int
+) -> None:
+    """Undo a worker's writes for jobs canceled while it held them: canceled wins, and is told."""
+    model = keys.model_from_queue(book.queue.name)
+    with connection.pipeline(transaction=True) as pipe:
+        write_registries(pipe, book, executions, {}, {})
+        for job in jobs:
+            job.set_status(JobStatus.CANCELED, pipeline=pipe)
+            pipe.delete(Result.get_key(job.id))
+            pipe.zrem(book.finished_key, job.id)
+            pipe.zrem(book.failed_key, job.id)
+            pipe.expire(job.key, ttl_s)
+            pipe.expire(keys.info_key(job.id), ttl_s)
+            publish_event(pipe, job.id, model, "canceled")
+        pipe.execute()
