@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +10,7 @@ import redis as redis_py
 
 from shared.redis_server import RedisServer
 from shared.settings import get_settings
-from tests.stack import ROOT, Stack, new_stack, serving
+from tests.stack import Stack, new_stack, serving, train_script
 
 
 @pytest.fixture(scope="session")
@@ -65,9 +64,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture(scope="session")
 def digits_heldout() -> tuple[Any, Any]:
     """The held-out split the digits model never saw in training: (images, labels)."""
-    spec = importlib.util.spec_from_file_location("digits_train", ROOT / "models" / "digits" / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = train_script("digits")
     _, _, images, labels = module.load_split()
     return [module.render_png(image) for image in images], [str(int(label)) for label in labels]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -22,6 +24,15 @@ from shared.redis_server import RedisServer, die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
+
+
+def train_script(model: str) -> ModuleType:
+    """A demo model's models/<model>/train.py, imported by path (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location(f"{model}_train", ROOT / "models" / model / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_models_dir(target: Path) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ import torch
 
 from shared.models import load_model_config
 from tests.builders import cnn_in_every_format, sentences, write_bert, write_config
-from tests.stack import ROOT, Stack, new_stack, serving
+from tests.stack import ROOT, Stack, new_stack, serving, train_script
 from workers.running import load_runner
 
 pytestmark = pytest.mark.e2e
@@ -110,16 +109,8 @@ def test_outputs_of_different_sizes_come_back_per_job(models_stack: Stack) -> No
     assert refused.status_code == 422 and "values" in refused.json()["error"]["message"]
 
 
-def _langid_train() -> Any:
-    spec = importlib.util.spec_from_file_location("langid_train", LANGID / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_text_demo_reads_held_out_texts_over_http(models_stack: Stack) -> None:
-    texts, labels = _langid_train().heldout_texts(200)
+    texts, labels = train_script("langid").heldout_texts(200)
     models_stack.start_worker("langid", name="langid-worker")
     models_stack.wait_for_worker("langid")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import struct
@@ -10,7 +9,6 @@ import sys
 import zlib
 from io import BytesIO
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from PIL import Image
 
 from shared.errors import ConfigError, InvalidInput, UnsupportedMedia
 from shared.models import ModelConfig, load_model_config
+from tests.stack import train_script
 from workers.handlers import (
     Handler,
     ImageClassifier,
@@ -34,15 +33,7 @@ DIGITS = ROOT / "models" / "digits"
 CPU = torch.device("cpu")
 
 
-def _import_train() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("digits_train", DIGITS / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _import_train()
+train = train_script("digits")
 
 
 @pytest.fixture(scope="module")
