@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -33,11 +34,15 @@ _HTTP_CODES = {
 }
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    """The one error shape; ``headers`` (those an exception carried) win over the defaults."""
+    defaults = {"Retry-After": "1"} if status in (429, 503) else {}
     if status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
-    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status, headers=headers)
+        defaults = {"WWW-Authenticate": "Bearer"}
+    body = {"error": {"code": code, "message": message, **extra}}
+    return JSONResponse(body, status, headers={**defaults, **(headers or {})})
 
 
 def status_for(exc: errors.AppError) -> int:
@@ -67,7 +72,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        # Starlette's 405 carries Allow (RFC 9110 requires it); any header an exception sets is part of its answer.
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
