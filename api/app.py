@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from redis import Redis
 
 from api import errors
@@ -50,11 +51,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await hub.stop()
             connection.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from files fastapi-offline ships, not from a CDN: GPU hosts
+    # often have no internet. No validator badge either: Swagger UI would fetch it from validator.swagger.io.
+    app = FastAPIOffline(
         title="inferq",
         version="0.1.0",
         summary="Asynchronous inference queue: submit a job, get an ID, collect the result later.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     if settings.cors_origins:
         # Off unless configured: browsers then may call the API from these origins only.
