@@ -8,29 +8,20 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from redis import Redis, WatchError
+from redis import Redis
 from redis.client import Pipeline
-from rq.exceptions import NoSuchJobError
-from rq.job import JobStatus, Retry
-from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
-from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.rqjson import JSONJob, JSONQueue, fetch_job
+from shared.errors import NotFound
+from shared.lifecycle import layout, store
+from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 
-INFER_FUNC = "workers.tasks.infer"
-DELIVER_FUNC = "workers.webhooks.deliver"
-# Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
-WEBHOOK_CRASH_RETRIES = 3
 TERMINAL = ("finished", "failed", "canceled", "expired")
-# Set in a job's info hash by whoever tells the world it ended (event + webhook), so it is told once.
-ANNOUNCED_FIELD = "announced"
 # RQ statuses a client never needs to tell apart.
 _STATUS_MAP = {
     "created": "queued",
@@ -118,48 +109,13 @@ class Submission:
         return hashlib.sha256(options.encode() + b"\0" + self.payload).hexdigest()
 
 
-# Checks and writes in one atomic step: an Idempotency-Key already used returns its job, a full
-# queue refuses, otherwise RQ's own enqueue commands (built by RQ into a pipeline, passed here
-# as ARGV groups) run. Nothing is half-enqueued.
-_GUARDED_ENQUEUE = """
-local idem = ARGV[1]
-if idem ~= '' then
-  local existing = redis.call('GET', idem)
-  if existing then return {'dup', existing} end
-end
-if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return {'full', ''} end
-if idem ~= '' then redis.call('SET', idem, ARGV[3], 'EX', ARGV[4]) end
-local i = 5
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-return {'ok', ''}
-"""
-
-
-def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> JSONJob:
+def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> store.Enqueued:
     """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
     job_id = new_job_id()
-    queue = queues.get(keys.queue_name(submission.model))
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
     queue_ttl_s = submission.deadline_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
     live_s = queue_ttl_s + settings.job_timeout_s + 60
-    retries = settings.job_retries if submission.retries is None else submission.retries
-    job = queue.create_job(
-        INFER_FUNC,
-        kwargs={"model": submission.model},
-        job_id=job_id,
-        ttl=queue_ttl_s,
-        result_ttl=result_ttl_s,
-        failure_ttl=settings.failure_ttl_s,
-        timeout=settings.job_timeout_s,
-        description=f"{submission.model} inference",
-        # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
-        retry=Retry(max=retries) if retries else None,
-    )
     info: dict[str, Any] = {
         "model": submission.model,
         "content_type": submission.content_type,
@@ -170,71 +126,32 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
         info["webhook"] = submission.webhook
     if submission.owner:
         info["owner"] = submission.owner
-    connection = queue.connection
-    with connection.pipeline(transaction=False) as pipe:
-        pipe.multi()  # RQ's enqueue opens one itself otherwise; nothing here is executed by redis-py
-        pipe.set(keys.payload_key(job_id), submission.payload, ex=live_s)
-        pipe.hset(keys.info_key(job_id), mapping=info)
-        pipe.expire(keys.info_key(job_id), live_s + max(result_ttl_s, settings.failure_ttl_s))
-        queue.enqueue_job(job, pipeline=pipe)
-        commands = [args for args, _ in pipe.command_stack]
-    encode = connection.get_encoder().encode
-    argv: list[Any] = [
-        keys.idempotency_key(submission.owner or "", submission.idempotency_key) if submission.idempotency_key else "",
-        submission.max_queue_length or settings.max_queue_length,
-        f"{job_id} {submission.fingerprint}",
-        settings.idempotency_ttl_s,
-    ]
-    for args in commands:
-        argv += [len(args), *(encode(arg) for arg in args)]
-    verdict, existing = cast(list[bytes], connection.eval(_GUARDED_ENQUEUE, 1, queue.key, *argv))
-    if verdict == b"full":
-        raise QueueFull(f"the queue of model {submission.model} is full; retry later")
-    if verdict == b"dup":
-        other_id, _, fingerprint = existing.decode().partition(" ")
-        if fingerprint != submission.fingerprint:
-            raise InvalidInput("this Idempotency-Key was used with a different request body")
-        try:
-            return fetch_job(other_id, connection)
-        except NoSuchJobError:
-            raise NotFound(f"the job {other_id} of this Idempotency-Key has expired") from None
-    return cast(JSONJob, job)
-
-
-def enqueue_webhook(queues: QueueCache, settings: Settings, pipe: Pipeline, job_id: str) -> None:
-    """Queue the first delivery of a job's webhook inside the caller's transaction."""
-    queue = queues.get(keys.WEBHOOK_QUEUE)
-    delivery = queue.create_job(
-        DELIVER_FUNC,
-        kwargs={"job_id": job_id, "attempt": 1},
-        ttl=settings.webhook_ttl_s,
-        result_ttl=settings.webhook_ttl_s,
-        failure_ttl=settings.webhook_ttl_s,
-        timeout=int(settings.webhook_timeout_s) + 30,
-        retry=Retry(max=WEBHOOK_CRASH_RETRIES),
-        description=f"webhook for {job_id}",
+    idempotency = None
+    if submission.idempotency_key:
+        key = keys.idempotency_key(submission.owner or "", submission.idempotency_key)
+        idempotency = (key, f"{job_id} {submission.fingerprint}")
+    new = store.NewJob(
+        id=job_id,
+        model=submission.model,
+        payload=submission.payload,
+        info=info,
+        queue_ttl_s=queue_ttl_s,
+        live_s=live_s,
+        info_ttl_s=live_s + max(result_ttl_s, settings.failure_ttl_s),
+        result_ttl_s=result_ttl_s,
+        failure_ttl_s=settings.failure_ttl_s,
+        timeout_s=settings.job_timeout_s,
+        retries=settings.job_retries if submission.retries is None else submission.retries,
+        description=f"{submission.model} inference",
+        max_queue_length=submission.max_queue_length or settings.max_queue_length,
+        idempotency=idempotency,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
     )
-    queue.enqueue_job(delivery, pipeline=pipe)
-
-
-def announce_failed(connection: Redis, queues: QueueCache, settings: Settings, job_ids: list[str]) -> None:
-    """Publish ``failed`` and queue the webhook for jobs RQ itself failed; each job is announced once."""
-    for job_id in job_ids:
-        info_key = keys.info_key(job_id)
-        if connection.hget(JSONJob.key_for(job_id), "status") != JobStatus.FAILED.value.encode():
-            continue  # retried after all, or gone
-        # HSETNX: the worker's own finish sets the same field, so no end is announced twice.
-        if not connection.hsetnx(info_key, ANNOUNCED_FIELD, "1"):
-            continue
-        info = _decode_hash(cast(dict[bytes, bytes], connection.hgetall(info_key)))
-        with connection.pipeline(transaction=True) as pipe:
-            pipe.multi()
-            pipe.expire(info_key, settings.failure_ttl_s)
-            if "webhook" in info:
-                pipe.expire(keys.webhook_attempts_key(job_id), settings.failure_ttl_s)
-                enqueue_webhook(queues, settings, pipe, job_id)
-            publish_event(pipe, job_id, info.get("model", ""), "failed")
-            pipe.execute()
+    verdict, existing, created_at = store.enqueue(queues.connection, new)
+    other_id = store.check_enqueued(verdict, existing, submission.fingerprint, submission.model)
+    if other_id is not None:
+        return store.read_enqueued(queues.connection, other_id)
+    return store.Enqueued(job_id, "queued", created_at)
 
 
 def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -246,10 +163,10 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
     if not keys.JOB_ID_RE.match(job_id):
         raise NotFound(f"no job {job_id!r}")
     with connection.pipeline(transaction=False) as pipe:
-        pipe.hgetall(JSONJob.key_for(job_id))
-        pipe.pttl(JSONJob.key_for(job_id))
+        pipe.hgetall(layout.job_key(job_id))
+        pipe.pttl(layout.job_key(job_id))
         pipe.hgetall(keys.info_key(job_id))
-        pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)
+        pipe.xrevrange(layout.result_key(job_id), "+", "-", count=1)
         pipe.lrange(keys.webhook_attempts_key(job_id), 0, -1)
         raw_job, pttl_ms, raw_info, results, attempts = pipe.execute()
     info = _decode_hash(raw_info)
@@ -258,7 +175,7 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
     # A hash without its enqueue fields is a leftover, not a job (an older worker could write one after expiry).
     if not raw_job or b"status" not in raw_job or b"origin" not in raw_job:
         if _expired_unrun(info):
-            return _expired_view(job_id, info)
+            return _with_webhook(_expired_view(job_id, info), info, attempts)
         raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
     job = JSONJob(job_id, connection=connection)
     try:
@@ -295,6 +212,10 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
                 view["result"] = result.return_value
             else:
                 view["error"] = info.get("error") or _failure_reason(result.exc_string)
+    return _with_webhook(view, info, attempts)
+
+
+def _with_webhook(view: dict[str, Any], info: dict[str, str], attempts: list[bytes]) -> dict[str, Any]:
     if "webhook" in info:
         view["webhook"] = {"url": info["webhook"], "attempts": [json.loads(a) for a in attempts]}
     return view
@@ -344,49 +265,4 @@ def _last_line(text: str | None) -> str | None:
 
 def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown."""
-    if not keys.JOB_ID_RE.match(job_id):
-        raise NotFound(f"no job {job_id!r}")
-    connection = queues.connection
-    job_key = JSONJob.key_for(job_id)
-    with connection.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                # WATCH: the worker finishing this job at the same moment must not be overwritten.
-                pipe.watch(job_key)
-                raw = cast(dict[bytes, bytes], connection.hgetall(job_key))
-                job_owner = cast(bytes | None, connection.hget(keys.info_key(job_id), "owner"))
-                if owner is not None and (job_owner or b"").decode() != owner:
-                    raise NotFound(f"no job {job_id!r}")
-                if not raw or b"status" not in raw:
-                    raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-                job = JSONJob(job_id, connection=connection)
-                job.restore(raw)
-                status = public_status(job.get_status(refresh=False))
-                if status in TERMINAL:
-                    raise Conflict(f"job {job_id} is already {status}")
-                model = cast(bytes | None, connection.hget(keys.info_key(job_id), "model"))
-                model_name = model.decode() if model else keys.model_from_queue(job.origin)
-                webhook = connection.hexists(keys.info_key(job_id), "webhook")
-                pipe.multi()
-                job.ended_at = now()
-                job.cancel(pipeline=pipe)
-                pipe.hset(job_key, "ended_at", utcformat(job.ended_at))
-                # The worker checks this flag before it starts and before it stores a result.
-                pipe.hset(keys.info_key(job_id), "canceled", "1")
-                # RQ leaves a canceled job's hash without a TTL, and its canceled registry grows forever (each
-                # member scored with the cancel time, the key without a TTL): score by expiry, prune, expire.
-                registry = CanceledJobRegistry(job.origin, connection, job_class=JSONJob, serializer=JSONSerializer)
-                expires_at = current_timestamp() + settings.canceled_ttl_s
-                pipe.zadd(registry.key, {job_id: expires_at})
-                pipe.zremrangebyscore(registry.key, "-inf", current_timestamp())
-                pipe.expire(registry.key, settings.canceled_ttl_s)
-                pipe.expire(job_key, settings.canceled_ttl_s)
-                pipe.expire(keys.info_key(job_id), settings.canceled_ttl_s)
-                pipe.delete(keys.payload_key(job_id))
-                if webhook:
-                    enqueue_webhook(queues, settings, pipe, job_id)
-                publish_event(pipe, job_id, model_name, "canceled")
-                pipe.execute()
-                return
-            except WatchError:
-                continue
+    store.cancel(queues.connection, settings, job_id, owner)

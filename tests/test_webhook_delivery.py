@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from shared.jobs import QueueCache, Submission, enqueue_job, enqueue_webhook, get_job_view
+from shared import keys
+from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
 from shared.redis_server import free_port
 from shared.settings import Settings, get_settings
 from tests.stack import new_stack, serving, wait_until
@@ -52,12 +53,11 @@ def settings(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> Settings:
 
 
 def queue_delivery(redis: redis_py.Redis, settings: Settings, url: str) -> str:
-    """A job with a webhook, and its first delivery queued as the batching worker queues it."""
+    """A job with a webhook, ended by a cancel, which queues its first delivery as every end does."""
     queues = QueueCache(redis)
     job = enqueue_job(queues, settings, Submission("m", b"x", "application/octet-stream", webhook=url))
-    with redis.pipeline(transaction=True) as pipe:
-        enqueue_webhook(queues, settings, pipe, job.id)
-        pipe.execute()
+    cancel_job(queues, settings, job.id)
+    assert redis.llen(f"rq:queue:{keys.WEBHOOK_QUEUE}") >= 1
     return job.id
 
 

@@ -7,8 +7,9 @@ started in one transaction, run the model once, and finish them all in one trans
 RQ's per-job helpers (``perform_job``, ``handle_job_success``) are never used: they cost
 about 18 round trips per job.
 
-Round trips per batch, in the steady state: the blocking BLMOVE, one script that pops the
-rest and loads every job, one MULTI to start, one read of cancel flags, one MULTI to finish.
+Every write that moves a job is a script of ``shared.lifecycle``. Round trips per batch, in the
+steady state: the blocking BLMOVE, one script that pops the rest, one MULTI that starts and loads
+the batch, one MULTI that finishes it.
 """
 
 from __future__ import annotations
@@ -21,38 +22,19 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from redis import Redis, WatchError
+from redis import Redis
 from rq.exceptions import AbandonedJobError, DequeueTimeout
 from rq.job import JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.utils import current_timestamp, now, utcformat
+from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.jobs import ANNOUNCED_FIELD, QueueCache, announce_failed, enqueue_webhook, event_message
+from shared.lifecycle import layout, store
+from shared.lifecycle.store import Outcome
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.bookkeeping import (
-    CANCEL_FLAGS,
-    JOB_FIELDS,
-    LREM_MANY,
-    POP_AND_LOAD,
-    PUBLISH_MANY,
-    Outcome,
-    QueueBook,
-    claim_next,
-    end_entry,
-    give_back,
-    give_back_held,
-    ms_between,
-    pairs,
-    queued_job,
-    restore_canceled,
-    run_script,
-    write_finish,
-    write_start,
-)
 from workers.running import BatchReport, BatchTimeout, Item, ModelRunner, run_batch
 
 log = logging.getLogger(__name__)
@@ -91,9 +73,6 @@ class BatchWorker(SimpleWorker):
         self.runners = runners
         self.settings = settings
         self.max_wait_ms = max_wait_ms
-        self.queue_cache = QueueCache(connection)
-        self._pop_and_load = connection.register_script(POP_AND_LOAD)
-        self._books: dict[str, QueueBook] = {}
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
@@ -140,12 +119,17 @@ class BatchWorker(SimpleWorker):
             super().clean_registries()
         finally:
             noted, self._abandoned = self._abandoned, []
-            announce_failed(self.connection, self.queue_cache, self.settings, noted)
+            store.announce_failed(self.connection, self.settings, noted)
 
     def handle_job_failure(self, job: Any, queue: Any, started_job_registry: Any = None, exc_string: str = "") -> None:
-        """RQ's intermediate-list cleanup fails a job stuck there this way: tell its waiters and webhook too."""
+        """RQ's intermediate-list cleanup fails a job stuck there this way: tell its waiters and webhook too.
+
+        A job canceled while it sat there (its worker died between the pop and the start) stays canceled.
+        """
+        if job.get_status(refresh=True) == JobStatus.CANCELED:
+            return
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
-        announce_failed(self.connection, self.queue_cache, self.settings, [job.id])
+        store.announce_failed(self.connection, self.settings, [job.id])
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
@@ -186,12 +170,12 @@ class BatchWorker(SimpleWorker):
 
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
         """The next job, moved into its queue's intermediate list in one step; None when empty (burst)."""
-        claimed = claim_next(self.connection, self.queues, self._turn, timeout)
+        claimed = store.claim(self.connection, [q.name for q in self.queues], self._turn, timeout)
         if claimed is None:
             return None
-        job_id, queue = claimed
-        self._turn = self.queues.index(queue) + 1  # the next claim starts after the queue just served
-        return job_id, queue
+        job_id, position = claimed
+        self._turn = position + 1  # the next claim starts after the queue just served
+        return job_id, self.queues[position]
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
         # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.
@@ -227,8 +211,8 @@ class BatchWorker(SimpleWorker):
         runner = self.runners[keys.model_from_queue(queue.name)]
         self._held = (queue, [job.id])
         try:
-            items, dropped = self._collect(queue, job.id, runner.max_batch)
-            items = self._start(items, dropped, queue)  # the worker is BUSY from here: RQ waits for the batch
+            job_ids = self._collect(queue, job.id, runner.max_batch)
+            items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # Popped jobs wait in RQ's intermediate list; its cleanup requeues them.
             log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
@@ -237,56 +221,52 @@ class BatchWorker(SimpleWorker):
         finally:
             self._held = None
         if items:
-            self._running = (items, queue)
-            stop = threading.Event()
-            beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
-            beat.start()
-            timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
-            try:
-                # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
-                with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
-                    report = run_batch(runner, items)
-            except BatchTimeout:
-                log.error("worker %s: batch of %d ran past the %d s job timeout", self.name, len(items), timeout_s)
-                report = BatchReport(inference_ms=timeout_s * 1000.0)
-                for item in items:
-                    if item.output is None and item.error is None:
-                        item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
-            finally:
-                stop.set()
-                beat.join()
-            for item in items:
-                item.info["inference_ms"] = f"{report.inference_ms:.3f}"
-            if report.padded_tokens:
-                log.debug(
-                    "model %s: batch of %d in %d forward(s), %d tokens, padding waste %.1f%%",
-                    runner.config.name,
-                    len(items),
-                    report.forwards,
-                    report.tokens,
-                    100 * report.padding_waste,
-                )
-            self._running = None  # from here on a forced stop must not requeue: results are being stored
-            self._retrying(lambda: self._finish(runner, items, queue))
+            self._run(runner, items, queue)
         self.batches_run += 1
 
+    def _run(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
+        self._running = (items, queue)
+        stop = threading.Event()
+        beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
+        beat.start()
+        timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
+        try:
+            # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
+            with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
+                report = run_batch(runner, items)
+        except BatchTimeout:
+            log.error("worker %s: batch of %d ran past the %d s job timeout", self.name, len(items), timeout_s)
+            report = BatchReport(inference_ms=timeout_s * 1000.0)
+            for item in items:
+                if item.output is None and item.error is None:
+                    item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
+        finally:
+            stop.set()
+            beat.join()
+        for item in items:
+            item.info["inference_ms"] = f"{report.inference_ms:.3f}"
+        if report.padded_tokens:
+            log.debug(
+                "model %s: batch of %d in %d forward(s), %d tokens, padding waste %.1f%%",
+                runner.config.name,
+                len(items),
+                report.forwards,
+                report.tokens,
+                100 * report.padding_waste,
+            )
+        self._running = None  # from here on a forced stop must not requeue: results are being stored
+        self._retrying(lambda: self._finish(runner, items, queue))
+
     def _keep_alive(self, items: list[Item], queue: Queue, stop: threading.Event) -> None:
-        """While the model runs: keep the batch's executions and this worker alive in Redis."""
+        """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
         ttl_s = self.settings.heartbeat_ttl_s
         job_ttl_s = self._running_job_ttl_s()
-        book = self._book(queue)
-        executions = [item.execution for item in items if item.execution is not None]
+        qk = layout.queue_keys(queue.name)
+        jobs = [item.job for item in items]
         while not stop.wait(ttl_s / 3):
             try:
                 with self.connection.pipeline(transaction=False) as pipe:
-                    score = current_timestamp() + ttl_s
-                    pipe.zadd(book.started_key, {e.composite_key: score for e in executions}, xx=True)
-                    for execution in executions:
-                        pipe.expire(execution.key, ttl_s)
-                    for item in items:
-                        # XX-like: EXPIRE never creates a key, so a job canceled or expired meanwhile stays gone.
-                        pipe.expire(item.job.key, job_ttl_s)
-                        pipe.expire(keys.info_key(item.job.id), job_ttl_s)
+                    store.keep_alive(pipe, qk, jobs, ttl_s, job_ttl_s)
                     pipe.hset(self.key, "last_heartbeat", utcformat(now()))
                     pipe.expire(self.key, self.worker_ttl + 60)
                     pipe.execute()
@@ -295,14 +275,13 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        executions = [i.execution for i in items if i.execution is not None]
-        give_back(self.connection, self._book(queue), [item.job for item in items], executions)
-        log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(items), queue.name)
+        back = store.give_back(self.connection, layout.queue_keys(queue.name), [i.job for i in items], self.name)
+        log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
         """Put popped jobs that never started back at the front of their queue, in order."""
-        give_back_held(self.connection, queue, job_ids)
-        log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(job_ids), queue.name)
+        back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
+        log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
         """Results already computed survive a Redis restart: keep trying to store them."""
@@ -318,89 +297,44 @@ class BatchWorker(SimpleWorker):
                 time.sleep(wait_s)
                 wait_s = min(wait_s * 2, 5.0)
 
-    def _collect(self, queue: Queue, first_id: str, max_batch: int) -> tuple[list[Item], list[str]]:
+    def _collect(self, queue: Queue, first_id: str, max_batch: int) -> list[str]:
         """The first job plus what is already waiting; with max_wait_ms, wait for more."""
         # The worker's own clock, from the pop of the first job: enqueued_at is the API host's clock, and
         # a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
-        items, dropped = self._load(queue, [first_id], max_batch - 1)
-        self._held = (queue, [item.job.id for item in items])
-        if self.max_wait_ms > 0 and len(items) + len(dropped) < max_batch:
-            while len(items) + len(dropped) < max_batch and time.monotonic() < deadline and not self._stop_requested:
-                time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
-                more, more_dropped = self._load(queue, [], max_batch - len(items) - len(dropped))
-                items += more
-                dropped += more_dropped
-                self._held = (queue, [item.job.id for item in items])
-        return items, dropped
+        qk = layout.queue_keys(queue.name)
+        job_ids = [first_id, *store.pop(self.connection, qk, max_batch - 1)]
+        self._held = (queue, job_ids)
+        while len(job_ids) < max_batch and time.monotonic() < deadline and not self._stop_requested:
+            time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
+            job_ids += store.pop(self.connection, qk, max_batch - len(job_ids))
+            self._held = (queue, job_ids)
+        return job_ids
 
-    def _load(self, queue: Queue, ids: list[str], want: int) -> tuple[list[Item], list[str]]:
-        rows = self._pop_and_load(
-            keys=[
-                queue.key,
-                queue.intermediate_queue_key,
-                JSONJob.redis_job_namespace_prefix,
-                keys.payload_key(""),
-                keys.info_key(""),
-            ],
-            args=[max(0, want), *ids],
-        )
-        items: list[Item] = []
-        dropped: list[str] = []
-        for raw_id, flat_job, payload, flat_info in rows:
-            job_id = raw_id.decode()
-            raw = dict(zip(JOB_FIELDS, flat_job, strict=True))
-            info = {k.decode(): v.decode() for k, v in pairs(flat_info).items()}
-            if raw.get(b"status") != JobStatus.QUEUED.value.encode() or info.get("canceled"):
-                dropped.append(job_id)  # expired while queued, or canceled: it must not run
-                continue
-            job = queued_job(job_id, raw, self.connection)
-            items.append(Item(job, payload or None, info.get("content_type", ""), info=info))
-        return items, dropped
+    def _start(self, queue: Queue, job_ids: list[str]) -> list[Item]:
+        """Start the popped jobs and load them, in one transaction with the worker's BUSY state.
 
-    def _book(self, queue: Queue) -> QueueBook:
-        book = self._books.get(queue.name)
-        if book is None:
-            book = self._books[queue.name] = QueueBook(queue)
-        return book
-
-    def _start(self, items: list[Item], dropped: list[str], queue: Queue) -> list[Item]:
-        """Mark every live job started in one transaction; drop any canceled meanwhile."""
-        heartbeat_ttl = self.get_heartbeat_ttl(items[0].job) if items else 60
-        model = keys.model_from_queue(queue.name)
-        book = self._book(queue)
+        The start script drops what must not run (canceled, no longer queued, expired) atomically:
+        a cancel lands either before it (the job is dropped) or after (the job is canceled while running).
+        """
+        heartbeat_ttl = self.settings.heartbeat_ttl_s
+        qk = layout.queue_keys(queue.name)
         with self.connection.pipeline(transaction=True) as pipe:
-            run_script(pipe, CANCEL_FLAGS, [keys.info_key(i.job.id) for i in items])
-            run_script(pipe, LREM_MANY, [book.intermediate_key], [*dropped, *(i.job.id for i in items)])
-            # The job TTL: a job that started near its queue TTL must not expire mid-run.
-            job_ttl_s = self._running_job_ttl_s()
-            start_at = len(pipe)
-            executions = write_start(pipe, book, [i.job for i in items], self.name, heartbeat_ttl, now(), job_ttl_s)
-            for item, execution in zip(items, executions, strict=True):
-                item.execution = execution
-                # The input's TTL was set at submit; a job retried after its worker dies must still find it.
-                pipe.expire(keys.payload_key(item.job.id), job_ttl_s)
-            events = [event_message(i.job.id, model, "started", batch_size=len(items)) for i in items]
-            run_script(pipe, PUBLISH_MANY, [], [keys.EVENTS_CHANNEL, *events])
-            if items:
-                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-                self.set_current_job_id(items[0].job.id, pipeline=pipe)
-                self.heartbeat(heartbeat_ttl, pipeline=pipe)
-            replies = pipe.execute()
-        flags = replies[0]
-        vanished = {items[i - 1].job.id for i in replies[start_at]} if items else set()
-        if vanished:
+            call = store.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, self._running_job_ttl_s())
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.set_current_job_id(job_ids[0], pipeline=pipe)
+            self.heartbeat(heartbeat_ttl, pipeline=pipe)
+            result = store.started(call, pipe.execute())
+        if result.vanished or result.expired:
             log.warning(
                 "worker %s: %d job(s) expired before they started; dropped: %s",
                 self.name,
-                len(vanished),
-                sorted(vanished),
+                len(result.vanished) + len(result.expired),
+                sorted(result.vanished + result.expired),
             )
-        canceled = [item for item, flag in zip(items, flags, strict=True) if flag and item.job.id not in vanished]
-        if canceled:
-            # Canceled between our read and our start: put them back the way the cancel left them.
-            self._restore_canceled(canceled, queue)
-        return [item for item, flag in zip(items, flags, strict=True) if not flag and item.job.id not in vanished]
+        if result.dropped:
+            log.info("worker %s: %d canceled job(s) dropped from the batch", self.name, len(result.dropped))
+        return [Item(job, job.payload, job.info.get("content_type", ""), info=dict(job.info)) for job in result.jobs]
 
     def _running_job_ttl_s(self) -> int:
         """A running job's hash outlives the job's timeout; the keep-alive extends it while the batch runs."""
@@ -408,81 +342,45 @@ class BatchWorker(SimpleWorker):
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
     def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
-        """Store every result, move registries, publish events: one transaction."""
+        """Store every result, move registries, publish events and queue webhooks: one transaction."""
         ended_at = now()
+        outcomes = []
         for item in items:
             item.job.ended_at = ended_at
-            if item.job.enqueued_at and item.job.started_at:
-                item.info["queue_ms"] = f"{ms_between(item.job.enqueued_at, item.job.started_at):.3f}"
-        info_keys = [keys.info_key(item.job.id) for item in items]
+            outcomes.append(self._outcome(item, len(items), runner))
+        working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    replies, finish_at = self._finish_once(pipe, runner, items, queue, info_keys, ended_at)
-                    break
-                except WatchError:
-                    # A cancel landed between our read of the flags and our write: read them again, so
-                    # the job ends once, as canceled (cancel_job's own WATCH on the job hash covers the
-                    # other order: a finish first makes the cancel answer Conflict).
-                    continue
-        vanished = [job_id.decode() for job_id in replies[finish_at] or []]
+            call = store.finish(
+                pipe, self.settings, layout.queue_keys(queue.name), outcomes, self.name, self.key, working_s
+            )
+            self.set_current_job_id(None, pipeline=pipe)
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            vanished, superseded = store.finished(call, pipe.execute())
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished
             )
+        if superseded:
+            log.info(
+                "worker %s: %d job(s) canceled or taken over while running; results dropped: %s",
+                self.name,
+                len(superseded),
+                superseded,
+            )
 
-    def _finish_once(
-        self, pipe: Any, runner: ModelRunner, items: list[Item], queue: Queue, info_keys: list[str], ended_at: Any
-    ) -> tuple[list[Any], int]:
-        """One attempt at the finish transaction, WATCHing the cancel flags it reads."""
-        pipe.watch(*info_keys)
-        canceled = [bool(flag) for flag in run_script(pipe, CANCEL_FLAGS, info_keys)]
-        succeeded = failed = 0
-        pipe.multi()
-        entries = []
-        for item, dropped in zip(items, canceled, strict=True):
-            outcome = None if dropped else self._outcome(pipe, item, len(items), runner)
-            if outcome is not None:
-                succeeded += outcome.status == "finished"
-                failed += outcome.status == "failed"
-            entries.append(end_entry(item.job, item.execution, keys.payload_key(item.job.id), outcome, self.name))
-        # One script: results, registries and, per job after its result, the event.
-        finish_at = len(pipe)
-        write_finish(pipe, self._book(queue), keys.EVENTS_CHANNEL, entries)
-        if succeeded:
-            pipe.hincrby(self.key, "successful_job_count", succeeded)
-        if failed:
-            pipe.hincrby(self.key, "failed_job_count", failed)
-        started_at = items[0].job.started_at or ended_at
-        pipe.hincrbyfloat(self.key, "total_working_time", (ended_at - started_at).total_seconds())
-        self.set_current_job_id(None, pipeline=pipe)
-        self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-        return pipe.execute(), finish_at
-
-    def _outcome(self, pipe: Any, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
-        """How the job ended, for the finish script; queues its webhook in the same MULTI."""
+    def _outcome(self, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
+        """How the job ended, for the finish script."""
         job = item.job
-        info = {**item.info, "batch_size": str(batch_size), "worker": self.name, ANNOUNCED_FIELD: "1"}
+        info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
         info.pop("content_type", None)
+        if job.enqueued_at:
+            info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
         if item.error is None:
-            status, value, ttl = "finished", item.output, job.get_result_ttl(self.settings.result_ttl_s)
-        else:
-            info["error"] = item.error
-            status, value = "failed", item.traceback or item.error
-            ttl = job.failure_ttl or self.settings.failure_ttl_s
-        if "webhook" in info:
-            pipe.expire(keys.webhook_attempts_key(job.id), ttl)
-            enqueue_webhook(self.queue_cache, self.settings, pipe, job.id)
-        event = event_message(job.id, runner.config.name, status)
-        return Outcome(status, value, int(ttl), keys.info_key(job.id), info, event)
-
-    def _restore_canceled(self, items: list[Item], queue: Queue) -> None:
-        """Undo our writes for jobs a client canceled while we held them: canceled wins."""
-        executions = [item.execution for item in items if item.execution is not None]
-        restore_canceled(
-            self.connection, self._book(queue), [i.job for i in items], executions, self.settings.canceled_ttl_s
-        )
-        log.info("worker %s: dropped %d result(s) of jobs canceled mid-batch", self.name, len(items))
+            ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
+            return Outcome(job, True, item.output, int(ttl), info, runner.config.name)
+        info["error"] = item.error
+        ttl = job.failure_ttl or self.settings.failure_ttl_s
+        return Outcome(job, False, item.traceback or item.error, int(ttl), info, runner.config.name)
 
 
 def _survive_outage(call: Any) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from shared.errors import AppError, ConfigError
+from shared.lifecycle.store import Claimed
 from shared.models import ModelConfig
-from shared.rqjson import JSONJob
 from workers.collation import CountMismatch, signature
 from workers.handlers import Handler, load_handler
 
@@ -44,7 +44,7 @@ class ModelRunner:
 class Item:
     """One job of a batch and what happened to it."""
 
-    job: JSONJob
+    job: Claimed
     payload: bytes | None
     content_type: str
     info: dict[str, str] = field(default_factory=dict)

@@ -30,13 +30,13 @@ import httpx
 import redis
 from redis import Redis
 from rq import Queue, get_current_job
-from rq.job import Retry
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, signing
 from shared.errors import InvalidInput, NotFound
-from shared.jobs import DELIVER_FUNC, WEBHOOK_CRASH_RETRIES, get_job_view, isoformat, utcnow
+from shared.jobs import get_job_view, isoformat, utcnow
+from shared.lifecycle import layout
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
@@ -48,11 +48,16 @@ MAX_RETRY_AFTER_S = 3600.0
 RESPONSE_BYTES_MAX = 4096
 
 
-def deliver(job_id: str, attempt: int = 1) -> dict[str, Any]:
-    """Send one attempt of a job's webhook; schedule the next one if it may succeed later."""
+def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
+    """Send one attempt of a job's webhook; schedule the next one if it may succeed later.
+
+    The first attempt is queued by the job-lifecycle store without arguments: its RQ job id names
+    the job (``layout.delivered_job``). Later attempts are scheduled with both.
+    """
     current = get_current_job()
     if current is None:
         raise RuntimeError("deliver() runs inside an RQ job")
+    job_id = job_id or layout.delivered_job(current.id)
     settings = get_settings()
     connection: Redis = current.connection
     try:
@@ -281,15 +286,18 @@ def _schedule(connection: Redis, settings: Settings, job_id: str, attempt: int, 
     queue = JSONQueue(keys.WEBHOOK_QUEUE, connection=connection)
     queue.enqueue_in(
         timedelta(seconds=delay_s),
-        DELIVER_FUNC,
+        layout.DELIVER_FUNC,
         kwargs={"job_id": job_id, "attempt": attempt},
-        ttl=settings.webhook_ttl_s,
-        result_ttl=settings.webhook_ttl_s,
-        failure_ttl=settings.webhook_ttl_s,
-        job_timeout=int(settings.webhook_timeout_s) + 30,
-        retry=Retry(max=WEBHOOK_CRASH_RETRIES),
         description=f"webhook for {job_id} (attempt {attempt})",
+        **_scheduled_options(settings),
     )
+
+
+def _scheduled_options(settings: Settings) -> dict[str, Any]:
+    """The first delivery's RQ options (``layout.delivery_options``) in ``enqueue_in``'s spelling."""
+    options = layout.delivery_options(settings.webhook_ttl_s, settings.webhook_timeout_s)
+    options["job_timeout"] = options.pop("timeout")
+    return options
 
 
 class WebhookWorker(SimpleWorker):

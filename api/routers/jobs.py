@@ -103,7 +103,7 @@ async def submit_job(
             return JSONResponse(view, status_code=200, headers=headers)
     accepted = {
         "id": job.id,
-        "status": public_status(job.get_status(refresh=False)),
+        "status": public_status(job.status),
         "model": config.name,
         "created_at": isoformat(job.created_at),
         "urls": urls,

@@ -1,0 +1,125 @@
+"""RQ's storage layout as inferq writes it: key names, and the webhook delivery job's hash.
+
+Key names come from RQ's own classes, so ``rq info``, rq-dashboard and ``Job.fetch`` read what
+inferq writes exactly as they read what RQ writes. ``shared.rqjson.check_rq_version`` refuses to
+start against an rq outside the range this layout was written for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from redis import Redis
+from rq.executions import Execution, ExecutionRegistry
+from rq.job import Retry
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.results import Result
+from rq.serializers import JSONSerializer
+
+from shared import keys
+from shared.rqjson import JSONJob, JSONQueue
+
+DELIVER_FUNC = "workers.webhooks.deliver"
+INFER_FUNC = "workers.tasks.infer"
+# Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
+WEBHOOK_CRASH_RETRIES = 3
+# A job's first webhook delivery is the RQ job "webhook-<job id>": it can be queued only once.
+DELIVERY_PREFIX = "webhook-"
+QUEUES_SET = JSONQueue.redis_queues_keys
+# Objects built only to read key names from RQ's classes; they never send a command.
+_OFFLINE = Redis()
+
+
+def job_key(job_id: str) -> str:
+    return JSONJob.key_for(job_id)
+
+
+def result_key(job_id: str) -> str:
+    return Result.get_key(job_id)
+
+
+def executions_key(job_id: str) -> str:
+    return ExecutionRegistry.key_template.format(job_id)
+
+
+def execution_key(job_id: str, execution_id: str) -> str:
+    return Execution(execution_id, job_id, _OFFLINE).key
+
+
+def delivery_key(job_id: str) -> str:
+    return job_key(DELIVERY_PREFIX + job_id)
+
+
+def delivered_job(delivery_id: str) -> str:
+    """The job a first delivery was queued for."""
+    return delivery_id.removeprefix(DELIVERY_PREFIX)
+
+
+@lru_cache(maxsize=256)
+def offline_queue(name: str) -> JSONQueue:
+    """A queue object that only builds jobs (``create_job``, ``to_dict``); the scripts write them."""
+    return JSONQueue(name, connection=_OFFLINE)
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """One queue's list and registries."""
+
+    name: str
+    queue: str
+    intermediate: str
+    started: str
+    finished: str
+    failed: str
+    canceled: str
+
+
+@lru_cache(maxsize=256)
+def queue_keys(name: str) -> QueueKeys:
+    queue = offline_queue(name)
+    args: dict[str, Any] = {"connection": _OFFLINE, "job_class": JSONJob, "serializer": JSONSerializer}
+    return QueueKeys(
+        name=name,
+        queue=queue.key,
+        intermediate=queue.intermediate_queue_key,
+        started=StartedJobRegistry(name, **args).key,
+        finished=FinishedJobRegistry(name, **args).key,
+        failed=FailedJobRegistry(name, **args).key,
+        canceled=CanceledJobRegistry(name, **args).key,
+    )
+
+
+def hooks() -> QueueKeys:
+    return queue_keys(keys.WEBHOOK_QUEUE)
+
+
+def delivery_options(ttl_s: int, timeout_s: float) -> dict[str, Any]:
+    """RQ's options for every delivery attempt of a webhook."""
+    return {
+        "ttl": ttl_s,
+        "result_ttl": ttl_s,
+        "failure_ttl": ttl_s,
+        "timeout": int(timeout_s) + 30,
+        "retry": Retry(max=WEBHOOK_CRASH_RETRIES),
+    }
+
+
+@lru_cache(maxsize=8)
+def delivery_template(ttl_s: int, timeout_s: float) -> tuple[Any, ...]:
+    """The hash of a first delivery job, as RQ's enqueue writes it, for the scripts to copy.
+
+    ARGV form: ttl, id prefix, number of fields, then the fields. The scripts add the id, the
+    timestamps and the description. The job's call carries no arguments: ``deliver`` reads its
+    job from the delivery's id.
+    """
+    queue = offline_queue(keys.WEBHOOK_QUEUE)
+    job = queue.create_job(DELIVER_FUNC, job_id=f"{DELIVERY_PREFIX}template", **delivery_options(ttl_s, timeout_s))
+    job.origin = queue.name
+    fields = job.to_dict()
+    fields["status"] = "queued"
+    for name in ("created_at", "enqueued_at", "description"):
+        fields.pop(name, None)
+    flat = [value for pair in fields.items() for value in pair]
+    return (ttl_s, DELIVERY_PREFIX, len(fields), *flat)

@@ -1,0 +1,380 @@
+"""The Lua scripts that move a job through its life, each named and declaring every key it touches.
+
+Every key a script reads or writes arrives in KEYS, never built inside the script from a prefix or
+taken from ARGV: that is Redis's rule for scripts (and what a Redis Cluster enforces). A script
+declares its fixed keys and, for scripts over a batch, the keys it takes per job; ``Script.__call__``
+checks what it is given against that declaration. ARGV carries values only.
+
+Scripts run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to every
+pipeline that uses them, and Redis caches the compiled script by its hash either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Shared by the scripts that end a job: tell the world once (the info hash's `announced` field),
+# by a pub/sub event and, when the job has one, a webhook delivery queued as an RQ job.
+# A delivery's id is derived from its job's, so it can be queued only once.
+_ANNOUNCE = """
+local function read_template(at)
+  local ttl, prefix, n = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
+  local fields = {}
+  for i = at + 3, at + 2 + 2 * n do fields[#fields + 1] = ARGV[i] end
+  return {ttl = ttl, prefix = prefix, fields = fields}, at + 3 + 2 * n
+end
+local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id, stamp)
+  local delivery_id = tpl.prefix .. job_id
+  if redis.call('EXISTS', delivery_key) == 1 then return end
+  redis.call('HSET', delivery_key, unpack(tpl.fields))
+  redis.call('HSET', delivery_key, 'created_at', stamp, 'enqueued_at', stamp, 'description', 'webhook for ' .. job_id)
+  redis.call('EXPIRE', delivery_key, tpl.ttl)
+  redis.call('RPUSH', hook_queue, delivery_id)
+  redis.call('SADD', queues_set, hook_queue)
+end
+-- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set}
+local function announce(d)
+  if redis.call('EXISTS', d.info) == 1 then
+    if redis.call('HSETNX', d.info, 'announced', '1') == 0 then return false end
+    if redis.call('HEXISTS', d.info, 'webhook') == 1 then
+      redis.call('EXPIRE', d.attempts, d.ttl)
+      queue_delivery(d.tpl, d.hook_queue, d.queues_set, d.delivery, d.job_id, d.stamp)
+    end
+  end
+  redis.call('PUBLISH', d.channel, cjson.encode({id = d.job_id, model = d.model, status = d.status}))
+  return true
+end
+"""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A named Lua script and the keys it declares: fixed ones, then a group per item."""
+
+    name: str
+    keys: tuple[str, ...]
+    source: str
+    per_item: tuple[str, ...] = ()
+
+    def __call__(
+        self,
+        client: Any,
+        fixed: Sequence[str],
+        items: Sequence[Sequence[str]] = (),
+        args: Sequence[Any] = (),
+    ) -> Any:
+        if len(fixed) != len(self.keys):
+            raise TypeError(f"script {self.name} declares keys {self.keys}, got {len(fixed)}")
+        flat = list(fixed)
+        for group in items:
+            if len(group) != len(self.per_item):
+                raise TypeError(f"script {self.name} takes {self.per_item} per item, got {len(group)}")
+            flat.extend(group)
+        return client.eval(self.body, len(flat), *flat, *args)
+
+    @property
+    def body(self) -> str:
+        stride = len(self.per_item)
+        return f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n{self.source}"
+
+
+# Several queues: move the first waiting job into its intermediate list, trying the queues in the
+# order given; {1-based queue position, job id} or false. LMOVE needs Redis >= 6.2.
+CLAIM_FIRST = Script(
+    "claim-first",
+    (),
+    per_item=("queue", "intermediate"),
+    source="""
+for i = 1, #KEYS, 2 do
+  local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
+  if id then return {(i + 1) / 2, id} end
+end
+return false
+""",
+)
+
+# Up to ARGV[1] more job IDs into the intermediate list, where RQ's maintenance finds them if the
+# worker dies before the batch starts. LPOP with a count needs Redis >= 6.2.
+POP = Script(
+    "pop",
+    ("queue", "intermediate"),
+    source="""
+local popped = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
+if not popped then return {} end
+for _, id in ipairs(popped) do redis.call('RPUSH', KEYS[2], id) end
+return popped
+""",
+)
+
+# The API's submit: an Idempotency-Key already used returns its job, a full queue refuses, else the
+# input, inferq's info hash and RQ's job hash are written and the job is queued. Nothing half-written.
+# ARGV: job id, max length, idempotency value, its ttl, payload, payload ttl, info ttl, job ttl,
+# number of info fields, the info pairs, then the job hash pairs.
+ENQUEUE = Script(
+    "enqueue",
+    ("queue", "queues", "job", "payload", "info"),
+    per_item=("idempotency",),
+    source="""
+local idem = KEYS[6]
+if idem then
+  local existing = redis.call('GET', idem)
+  if existing then return {'dup', existing} end
+end
+if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return {'full', ''} end
+if idem then redis.call('SET', idem, ARGV[3], 'EX', ARGV[4]) end
+redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[6])
+local n = tonumber(ARGV[9])
+redis.call('HSET', KEYS[5], unpack(ARGV, 10, 9 + 2 * n))
+redis.call('EXPIRE', KEYS[5], ARGV[7])
+redis.call('SADD', KEYS[2], KEYS[1])
+redis.call('HSET', KEYS[3], unpack(ARGV, 10 + 2 * n, #ARGV))
+redis.call('EXPIRE', KEYS[3], ARGV[8])
+redis.call('RPUSH', KEYS[1], ARGV[1])
+return {'ok', ''}
+""",
+)
+
+# Mark a batch started. Per job: out of the intermediate list; a job whose hash is gone is never
+# re-created (announced `expired` if its queue deadline passed unrun); one no longer queued or
+# flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
+# started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
+# and, for started ones, the hash fields, the input and the info hash.
+# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, delivery
+# template, then per job its id and a new execution id.
+START = Script(
+    "start",
+    ("intermediate", "started", "hook_queue", "queues"),
+    per_item=("job", "info", "payload", "execution", "executions", "attempts", "delivery"),
+    source=_ANNOUNCE
+    + """
+local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local tpl, at = read_template(10)
+local FIELDS = {'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
+local out, started = {}, {}
+local n = 0
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, info, payload, exec, execs, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local id, exec_id = ARGV[at + 2 * n], ARGV[at + 2 * n + 1]
+  n = n + 1
+  redis.call('LREM', KEYS[1], 1, id)
+  if redis.call('HEXISTS', job, 'origin') == 0 then
+    local state = 'vanished'
+    local deadline = tonumber(redis.call('HGET', info, 'deadline') or '')
+    if deadline and deadline <= now_s and redis.call('HEXISTS', info, 'batch_size') == 0
+        and redis.call('HEXISTS', info, 'canceled') == 0 then
+      local d = {info = info, attempts = attempts, delivery = delivery,
+                 job_id = id, model = model, status = 'expired', ttl = redis.call('TTL', info), stamp = stamp,
+                 channel = channel, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
+      if d.ttl < 1 then d.ttl = tpl.ttl end
+      if announce(d) then state = 'expired' end
+    end
+    out[n] = {id, state}
+  elseif redis.call('HGET', job, 'status') ~= 'queued' or redis.call('HEXISTS', info, 'canceled') == 1 then
+    out[n] = {id, 'dropped'}
+  else
+    redis.call('HSET', exec, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
+    redis.call('EXPIRE', exec, ttl)
+    redis.call('ZADD', execs, score + 60, exec_id)
+    redis.call('EXPIRE', execs, ttl + 60)
+    redis.call('ZADD', KEYS[2], score, id .. ':' .. exec_id)
+    redis.call('HSET', job, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp, 'worker_name', worker)
+    redis.call('EXPIRE', job, job_ttl)
+    redis.call('EXPIRE', payload, job_ttl)
+    redis.call('EXPIRE', info, job_ttl)
+    out[n] = {id, 'started', redis.call('HMGET', job, unpack(FIELDS)), redis.call('GET', payload) or false,
+              redis.call('HGETALL', info)}
+    started[#started + 1] = id
+  end
+end
+for _, id in ipairs(started) do
+  redis.call('PUBLISH', channel, cjson.encode({id = id, model = model, status = 'started', batch_size = #started}))
+end
+return out
+""",
+)
+
+# End a batch. Per job (ARGV: a JSON entry): a job whose hash is gone is not re-created; one a
+# client canceled, RQ's maintenance failed or requeued, or another worker took over meanwhile keeps
+# that state (its result is dropped); the rest get their status, RQ result, registry entry and info,
+# then their event and webhook. The execution always leaves; the input too unless the job will run
+# again. Returns {vanished ids, superseded ids}.
+# ARGV: now, channel, worker, working seconds, delivery template, then one JSON entry per job.
+FINISH = Script(
+    "finish",
+    ("started", "finished", "failed", "hook_queue", "queues", "worker"),
+    per_item=("job", "info", "result", "payload", "execution", "executions", "attempts", "delivery"),
+    source=_ANNOUNCE
+    + """
+local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local tpl, at = read_template(5)
+local function flat(t)
+  local out = {}
+  for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
+  return out
+end
+local vanished, superseded = {}, {}
+local counts = {finished = 0, failed = 0}
+local n = 0
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, info, result, payload, exec, execs, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local j = cjson.decode(ARGV[at + n])
+  n = n + 1
+  local keep_input = false
+  if redis.call('HEXISTS', job, 'origin') == 0 then
+    vanished[#vanished + 1] = j.id
+  else
+    local status = redis.call('HGET', job, 'status')
+    local mine = status == 'started' and redis.call('HGET', job, 'worker_name') == worker
+    if not mine or redis.call('HEXISTS', info, 'canceled') == 1 then
+      superseded[#superseded + 1] = j.id
+      keep_input = status == 'queued' or (status == 'started' and not mine)
+    else
+      redis.call('HSET', job, 'status', j.status, 'ended_at', j.ended_at)
+      redis.call('EXPIRE', job, j.ttl)
+      redis.call('XADD', result, 'MAXLEN', 10, '*', unpack(flat(j.result)))
+      redis.call('EXPIRE', result, j.ttl)
+      redis.call('ZADD', j.status == 'finished' and KEYS[2] or KEYS[3], now_s + j.ttl, j.id)
+      redis.call('HSET', info, unpack(flat(j.info)))
+      redis.call('EXPIRE', info, j.ttl)
+      counts[j.status] = counts[j.status] + 1
+      announce({info = info, attempts = attempts, delivery = delivery,
+                job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
+                channel = channel, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]})
+    end
+  end
+  redis.call('ZREM', KEYS[1], j.id .. ':' .. j.exec_id)
+  redis.call('DEL', exec)
+  redis.call('ZREM', execs, j.exec_id)
+  if not keep_input then redis.call('DEL', payload) end
+end
+if counts.finished > 0 then redis.call('HINCRBY', KEYS[6], 'successful_job_count', counts.finished) end
+if counts.failed > 0 then redis.call('HINCRBY', KEYS[6], 'failed_job_count', counts.failed) end
+redis.call('HINCRBYFLOAT', KEYS[6], 'total_working_time', working)
+return {vanished, superseded}
+""",
+)
+
+# A client's cancel of a queued or started job. Returns {'ok'}, {'missing'}, {'moved'} (its origin
+# is not the queue the caller read: read again) or {'conflict', status}.
+# ARGV: job id, owner ('' for any), origin, ttl, now, stamp, channel, delivery template.
+CANCEL = Script(
+    "cancel",
+    (
+        "job",
+        "info",
+        "payload",
+        "queue",
+        "started",
+        "canceled",
+        "executions",
+        "attempts",
+        "delivery",
+        "hook_queue",
+        "queues",
+    ),
+    source=_ANNOUNCE
+    + """
+local job, info = KEYS[1], KEYS[2]
+local id, owner, origin, ttl, now_s, stamp, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]),
+  tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local tpl = read_template(8)
+if redis.call('HEXISTS', job, 'status') == 0 or redis.call('HEXISTS', job, 'origin') == 0 then return {'missing'} end
+if owner ~= '' and redis.call('HGET', info, 'owner') ~= owner then return {'missing'} end
+if redis.call('HGET', job, 'origin') ~= origin then return {'moved'} end
+local status = redis.call('HGET', job, 'status')
+if status == 'finished' or status == 'failed' or status == 'stopped' or status == 'canceled' then
+  return {'conflict', status}
+end
+redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
+redis.call('LREM', KEYS[4], 0, id)
+for _, exec_id in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+  redis.call('ZREM', KEYS[5], id .. ':' .. exec_id)
+end
+redis.call('HSET', info, 'canceled', '1')
+redis.call('ZADD', KEYS[6], now_s + ttl, id)
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now_s)
+redis.call('EXPIRE', KEYS[6], ttl)
+redis.call('EXPIRE', job, ttl)
+redis.call('EXPIRE', info, ttl)
+redis.call('DEL', KEYS[3])
+announce({info = info, attempts = KEYS[8], delivery = KEYS[9], job_id = id,
+          model = redis.call('HGET', info, 'model') or '', status = 'canceled', ttl = ttl, stamp = stamp,
+          channel = channel, tpl = tpl, hook_queue = KEYS[10], queues_set = KEYS[11]})
+return {'ok'}
+""",
+)
+
+# Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
+# once. ARGV: failure ttl, stamp, channel, delivery template, then per job its id. Returns the ids told.
+ANNOUNCE_FAILED = Script(
+    "announce-failed",
+    ("hook_queue", "queues"),
+    per_item=("job", "info", "attempts", "delivery"),
+    source=_ANNOUNCE
+    + """
+local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local tpl, at = read_template(4)
+local told, n = {}, 0
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, info, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local id = ARGV[at + n]
+  n = n + 1
+  if redis.call('HGET', job, 'status') == 'failed' then
+    if announce({info = info, attempts = attempts, delivery = delivery,
+                 job_id = id, model = redis.call('HGET', info, 'model') or '', status = 'failed', ttl = ttl,
+                 stamp = stamp, channel = channel, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}) then
+      redis.call('EXPIRE', info, ttl)
+      told[#told + 1] = id
+    end
+  end
+end
+return told
+""",
+)
+
+# Started jobs that will not finish here (a forced stop) back at the front of their queue, as they
+# were; one no longer started by this worker (canceled, taken over, gone) is left as it is.
+# ARGV: worker, then per job its id and execution id.
+GIVE_BACK = Script(
+    "give-back",
+    ("queue", "started"),
+    per_item=("job", "execution", "executions"),
+    source="""
+local worker = ARGV[1]
+local back, n = {}, 0
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, exec, execs = unpack(KEYS, k, k + STRIDE - 1)
+  local id, exec_id = ARGV[2 + 2 * n], ARGV[3 + 2 * n]
+  n = n + 1
+  redis.call('ZREM', KEYS[2], id .. ':' .. exec_id)
+  redis.call('DEL', exec)
+  redis.call('ZREM', execs, exec_id)
+  if redis.call('HGET', job, 'status') == 'started' and redis.call('HGET', job, 'worker_name') == worker then
+    redis.call('HSET', job, 'status', 'queued')
+    back[#back + 1] = id
+  end
+end
+for i = #back, 1, -1 do redis.call('LPUSH', KEYS[1], back[i]) end
+return back
+""",
+)
+
+# Popped jobs that never started back at the front of their queue, in order; one no longer in the
+# intermediate list (RQ's cleanup took it) is left alone. ARGV: the ids.
+GIVE_BACK_HELD = Script(
+    "give-back-held",
+    ("queue", "intermediate"),
+    source="""
+local back = {}
+for i = 1, #ARGV do
+  if redis.call('LREM', KEYS[2], 1, ARGV[i]) > 0 then back[#back + 1] = ARGV[i] end
+end
+for i = #back, 1, -1 do redis.call('LPUSH', KEYS[1], back[i]) end
+return back
+""",
+)
+
+ALL = (CLAIM_FIRST, POP, ENQUEUE, START, FINISH, CANCEL, ANNOUNCE_FAILED, GIVE_BACK, GIVE_BACK_HELD)

@@ -1,0 +1,454 @@
+"""Every write that moves a job through its life: enqueue, claim, start, keep alive, finish, cancel,
+give back, and the announcement of ends that RQ itself wrote (failed by maintenance) or that nobody
+wrote (expired in the queue).
+
+Each step is one named script (``scripts``) over declared keys (``layout``), so each is atomic:
+a cancel and a finish cannot both win, a vanished job is never re-created, and every end is told
+exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, one webhook.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+from uuid import uuid4
+
+from redis import Redis
+from redis.client import Pipeline
+from rq.exceptions import DequeueTimeout
+from rq.job import Retry
+from rq.results import Result
+from rq.serializers import JSONSerializer
+from rq.utils import current_timestamp, now, str_to_date, utcformat
+
+from shared import keys
+from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from shared.lifecycle import layout, scripts
+from shared.lifecycle.layout import QueueKeys
+from shared.settings import Settings
+
+# How long an idle worker serving several queues waits between claims, at most.
+MULTI_QUEUE_POLL_S = 0.02
+_TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed", "canceled": "canceled"}
+
+
+def _template(settings: Settings) -> tuple[Any, ...]:
+    return layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- the API's side -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Enqueued:
+    """A queued job as the submit answer shows it."""
+
+    id: str
+    status: str  # RQ's status
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What ``enqueue`` writes for one job; ``shared.jobs`` builds it from a submission."""
+
+    id: str
+    model: str
+    payload: bytes
+    info: dict[str, Any]
+    queue_ttl_s: int
+    live_s: int
+    info_ttl_s: int
+    result_ttl_s: int
+    failure_ttl_s: int
+    timeout_s: int
+    retries: int
+    description: str
+    max_queue_length: int
+    idempotency: tuple[str, str] | None = None  # (key, "<job id> <fingerprint>")
+    idempotency_ttl_s: int = 0
+
+
+def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
+    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
+    queue = layout.offline_queue(keys.queue_name(new.model))
+    job = queue.create_job(
+        layout.INFER_FUNC,
+        kwargs={"model": new.model},
+        job_id=new.id,
+        ttl=new.queue_ttl_s,
+        result_ttl=new.result_ttl_s,
+        failure_ttl=new.failure_ttl_s,
+        timeout=new.timeout_s,
+        description=new.description,
+        # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
+        retry=Retry(max=new.retries) if new.retries else None,
+    )
+    job.origin, job.enqueued_at = queue.name, now()
+    fields = job.to_dict()
+    fields["status"] = "queued"
+    info_flat = [value for pair in new.info.items() for value in pair]
+    job_flat = [value for pair in fields.items() for value in pair]
+    qk = layout.queue_keys(queue.name)
+    idem_key, idem_value = new.idempotency or ("", "")
+    verdict, existing = scripts.ENQUEUE(
+        connection,
+        [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)],
+        [[idem_key]] if idem_key else [],
+        [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
+        + [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *job_flat],
+    )
+    return _text(verdict), _text(existing), job.created_at
+
+
+def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
+    """An existing job as the submit answer shows it; NotFound once it expired."""
+    status, created = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), ["status", "created_at"]))
+    if status is None:
+        raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
+    return Enqueued(job_id, status.decode(), str_to_date(created) if created else None)
+
+
+def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
+    """The job id an Idempotency-Key already holds, or None for a new job; raises for a full queue or reuse."""
+    if verdict == "full":
+        raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict != "dup":
+        return None
+    other_id, _, stored = existing.partition(" ")
+    if stored != fingerprint:
+        raise InvalidInput("this Idempotency-Key was used with a different request body")
+    return other_id
+
+
+def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
+    """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
+    if not keys.JOB_ID_RE.match(job_id):
+        raise NotFound(f"no job {job_id!r}")
+    hk = layout.hooks()
+    for _ in range(5):
+        origin = cast(bytes | None, connection.hget(layout.job_key(job_id), "origin"))
+        if origin is None:
+            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+        qk = layout.queue_keys(origin.decode())
+        job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
+        job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
+        job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
+        reply = scripts.CANCEL(
+            connection,
+            job_keys,
+            args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
+            + [keys.EVENTS_CHANNEL, *_template(settings)],
+        )
+        verdict = _text(reply[0])
+        if verdict == "ok":
+            return
+        if verdict == "missing":
+            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+        if verdict == "conflict":
+            raise Conflict(f"job {job_id} is already {_TERMINAL_RQ.get(_text(reply[1]), _text(reply[1]))}")
+    raise Conflict(f"job {job_id} kept moving between queues; retry the cancel")
+
+
+def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str]) -> list[str]:
+    """Publish ``failed`` and queue the webhook of jobs RQ's maintenance failed; each job is told once."""
+    if not job_ids:
+        return []
+    hk = layout.hooks()
+    per_job = [
+        [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)] for i in job_ids
+    ]
+    told = scripts.ANNOUNCE_FAILED(
+        connection,
+        [hk.queue, layout.QUEUES_SET],
+        per_job,
+        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, *_template(settings), *job_ids],
+    )
+    return [_text(i) for i in told]
+
+
+# -- the worker's side --------------------------------------------------------------------------
+def claim(connection: Redis, queue_names: Sequence[str], turn: int, timeout: int | None) -> tuple[str, int] | None:
+    """Move the next job into its queue's intermediate list in one step: (job id, queue position).
+
+    None when all are empty and ``timeout`` is None; DequeueTimeout when ``timeout`` passes. One
+    queue: RQ's own blocking BLMOVE. Several: one script moves the first waiting job, starting at
+    ``turn`` so each model gets its turn, polled with a short backoff while all are empty (Redis has
+    no blocking move from several lists; RQ falls back to BLPOP, which leaves a popped job in no list).
+    """
+    if len(queue_names) == 1:
+        qk = layout.queue_keys(queue_names[0])
+        job_id: Any
+        if timeout is None:
+            job_id = connection.lmove(qk.queue, qk.intermediate)
+        else:
+            job_id = connection.blmove(qk.queue, qk.intermediate, timeout)
+            if job_id is None:
+                raise DequeueTimeout(timeout, qk.queue)
+        return (_text(job_id), 0) if job_id is not None else None
+    turn %= len(queue_names)
+    order = list(range(turn, len(queue_names))) + list(range(turn))
+    pairs = [(layout.queue_keys(queue_names[i]).queue, layout.queue_keys(queue_names[i]).intermediate) for i in order]
+    deadline = time.monotonic() + (timeout or 0)
+    pause_s = 0.001
+    while True:
+        found = scripts.CLAIM_FIRST(connection, [], pairs)
+        if found:
+            position, found_id = found
+            return _text(found_id), order[int(position) - 1]
+        if timeout is None:
+            return None
+        if time.monotonic() >= deadline:
+            raise DequeueTimeout(timeout, ",".join(p[0] for p in pairs))
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
+
+
+def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
+    """Up to ``want`` more job IDs, moved into the intermediate list."""
+    if want <= 0:
+        return []
+    return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=[want])]
+
+
+@dataclass
+class Claimed:
+    """A started job, as its batch needs it."""
+
+    id: str
+    execution_id: str
+    started_at: datetime
+    enqueued_at: datetime | None
+    timeout: int | None
+    result_ttl: int | None
+    failure_ttl: int | None
+    payload: bytes | None
+    info: dict[str, str]
+    ended_at: datetime | None = None
+
+
+@dataclass
+class Started:
+    """What the start script did with each popped job."""
+
+    jobs: list[Claimed] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # canceled, or no longer queued
+    vanished: list[str] = field(default_factory=list)  # the job hash is gone
+    expired: list[str] = field(default_factory=list)  # gone after its queue deadline: announced
+
+
+@dataclass(frozen=True)
+class StartCall:
+    """A start queued in a pipeline: read its reply with ``started``."""
+
+    position: int
+    started_at: datetime
+    execution_ids: list[str]
+
+
+def start(
+    pipe: Pipeline,
+    settings: Settings,
+    qk: QueueKeys,
+    job_ids: Sequence[str],
+    worker_name: str,
+    heartbeat_ttl_s: int,
+    job_ttl_s: int,
+) -> StartCall:
+    """Queue the start of a popped batch into ``pipe`` (the caller's transaction)."""
+    started_at = now()
+    model = keys.model_from_queue(qk.name)
+    hk = layout.hooks()
+    execution_ids = [uuid4().hex for _ in job_ids]
+    per_job = [
+        [
+            layout.job_key(i),
+            keys.info_key(i),
+            keys.payload_key(i),
+            layout.execution_key(i, e),
+            layout.executions_key(i),
+            keys.webhook_attempts_key(i),
+            layout.delivery_key(i),
+        ]
+        for i, e in zip(job_ids, execution_ids, strict=True)
+    ]
+    args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
+    args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
+    args += [*_template(settings)]
+    for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
+        args += [job_id, execution_id]
+    position = len(pipe)
+    scripts.START(pipe, [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET], per_job, args)
+    return StartCall(position, started_at, execution_ids)
+
+
+_START_FIELDS = ("status", "enqueued_at", "timeout", "result_ttl", "failure_ttl")
+
+
+def started(call: StartCall, replies: list[Any]) -> Started:
+    """The jobs a start queued with ``start`` began, and what became of the others."""
+    out = Started()
+    for row, execution_id in zip(replies[call.position], call.execution_ids, strict=True):
+        job_id, state = _text(row[0]), _text(row[1])
+        if state != "started":
+            {"dropped": out.dropped, "vanished": out.vanished, "expired": out.expired}[state].append(job_id)
+            continue
+        raw = dict(zip(_START_FIELDS, row[2], strict=True))
+        flat_info = row[4]
+        info = {_text(k): _text(v) for k, v in zip(flat_info[::2], flat_info[1::2], strict=True)}
+        out.jobs.append(
+            Claimed(
+                id=job_id,
+                execution_id=execution_id,
+                started_at=call.started_at,
+                enqueued_at=_parse_time(raw.get("enqueued_at")),
+                timeout=_int(raw.get("timeout")),
+                result_ttl=_int(raw.get("result_ttl")),
+                failure_ttl=_int(raw.get("failure_ttl")),
+                payload=row[3] or None,
+                info=info,
+            )
+        )
+    return out
+
+
+def keep_alive(pipe: Pipeline, qk: QueueKeys, jobs: Sequence[Claimed], heartbeat_ttl_s: int, job_ttl_s: int) -> None:
+    """While a batch runs: its executions stay in the started registry; the jobs outlive the run."""
+    if not jobs:
+        return
+    score = current_timestamp() + heartbeat_ttl_s
+    pipe.zadd(qk.started, {f"{j.id}:{j.execution_id}": score for j in jobs}, xx=True)
+    for job in jobs:
+        # EXPIRE never creates a key: a job canceled or expired meanwhile stays gone.
+        pipe.expire(layout.execution_key(job.id, job.execution_id), heartbeat_ttl_s)
+        pipe.expire(layout.job_key(job.id), job_ttl_s)
+        pipe.expire(keys.info_key(job.id), job_ttl_s)
+        pipe.expire(keys.payload_key(job.id), job_ttl_s)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one job ended."""
+
+    job: Claimed
+    finished: bool
+    value: Any  # the output, or the traceback
+    ttl_s: int
+    info: dict[str, str]
+    model: str
+
+
+@dataclass(frozen=True)
+class FinishCall:
+    position: int
+
+
+def finish(
+    pipe: Pipeline,
+    settings: Settings,
+    qk: QueueKeys,
+    outcomes: Sequence[Outcome],
+    worker_name: str,
+    worker_key: str,
+    working_s: float,
+) -> FinishCall:
+    """Queue the end of a batch into ``pipe``: results, registries, events and webhooks, atomically."""
+    hk = layout.hooks()
+    per_job, entries = [], []
+    for outcome in outcomes:
+        job = outcome.job
+        per_job.append(
+            [
+                layout.job_key(job.id),
+                keys.info_key(job.id),
+                layout.result_key(job.id),
+                keys.payload_key(job.id),
+                layout.execution_key(job.id, job.execution_id),
+                layout.executions_key(job.id),
+                keys.webhook_attempts_key(job.id),
+                layout.delivery_key(job.id),
+            ]
+        )
+        entries.append(_entry(outcome, worker_name, pipe))
+    position = len(pipe)
+    scripts.FINISH(
+        pipe,
+        [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key],
+        per_job,
+        [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *_template(settings), *entries],
+    )
+    return FinishCall(position)
+
+
+def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]]:
+    """(vanished, superseded) job ids of a finish queued with ``finish``."""
+    vanished, superseded = replies[call.position]
+    return [_text(i) for i in vanished], [_text(i) for i in superseded]
+
+
+def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline) -> str:
+    job = outcome.job
+    ended_at = job.ended_at or now()
+    result = Result(
+        job.id,
+        Result.Type.SUCCESSFUL if outcome.finished else Result.Type.FAILED,
+        pipe,
+        created_at=ended_at,
+        return_value=outcome.value if outcome.finished else None,
+        exc_string=None if outcome.finished else outcome.value,
+        worker_name=worker_name,
+        serializer=JSONSerializer,
+        execution_id=job.execution_id,
+        execution_started_at=job.started_at,
+        execution_ended_at=ended_at,
+    )
+    entry = {
+        "id": job.id,
+        "exec_id": job.execution_id,
+        "status": "finished" if outcome.finished else "failed",
+        "ttl": int(outcome.ttl_s),
+        "ended_at": utcformat(ended_at),
+        "result": {k: str(v) for k, v in result.serialize().items()},
+        "info": outcome.info,
+        "model": outcome.model,
+    }
+    return json.dumps(entry, separators=(",", ":"))
+
+
+def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[Claimed], worker_name: str) -> list[str]:
+    """Started jobs back at the front of their queue, queued again, as they were; the ids given back."""
+    if not jobs:
+        return []
+    per_job = [
+        [layout.job_key(j.id), layout.execution_key(j.id, j.execution_id), layout.executions_key(j.id)] for j in jobs
+    ]
+    args: list[Any] = [worker_name]
+    for job in jobs:
+        args += [job.id, job.execution_id]
+    return [_text(i) for i in scripts.GIVE_BACK(connection, [qk.queue, qk.started], per_job, args)]
+
+
+def give_back_held(connection: Redis, qk: QueueKeys, job_ids: Sequence[str]) -> list[str]:
+    """Popped jobs that never started back at the front of their queue, in order."""
+    if not job_ids:
+        return []
+    return [_text(i) for i in scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args=list(job_ids))]
+
+
+def _int(value: bytes | None) -> int | None:
+    return int(value) if value else None
+
+
+def _parse_time(value: bytes | None) -> datetime | None:
+    if not value:
+        return None
+    try:  # RQ's format, read without strptime (which cost more than the model here)
+        return datetime.fromisoformat(value.decode().rstrip("Z")).replace(tzinfo=UTC)
+    except ValueError:
+        return str_to_date(value)
