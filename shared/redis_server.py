@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 import signal
 import socket
@@ -17,8 +18,11 @@ from redis.retry import Retry
 
 from shared.errors import ConfigError
 
+log = logging.getLogger(__name__)
 _BIND_RETRIES = 5
 _LOG_TAIL_BYTES = 2000
+# Beside the data: the port this data directory's server listens on, kept across restarts.
+PORT_FILE = "port"
 
 
 class RedisServerNotFound(ConfigError):
@@ -64,6 +68,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether nothing listens on host:port now (redis-server sets SO_REUSEADDR, so TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class RedisServerError(RuntimeError):
     """The redis-server child failed to start."""
 
@@ -79,6 +94,7 @@ class RedisServer:
         host: str = "127.0.0.1",
         appendonly: bool = True,
         binary: str | None = None,
+        stable_port: bool = False,
     ) -> None:
         # Absolute, so the child's --dir does not depend on its working directory.
         self.data_dir = Path(data_dir).resolve()
@@ -87,6 +103,8 @@ class RedisServer:
         self.appendonly = appendonly
         self.binary = binary
         self._fixed_port = port is not None
+        # Keep the port in data_dir/port, so the URLs and commands printed for this data stay valid.
+        self.stable_port = stable_port and port is None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -105,6 +123,11 @@ class RedisServer:
         """Where the child's stdout and stderr go."""
         return self.data_dir / "redis.log"
 
+    @property
+    def port_path(self) -> Path:
+        """Where a stable-port server keeps its port."""
+        return self.data_dir / PORT_FILE
+
     def is_running(self) -> bool:
         """Whether the child process is alive."""
         return self._proc is not None and self._proc.poll() is None
@@ -115,20 +138,37 @@ class RedisServer:
             raise RedisServerError(f"redis-server already running (pid {self.pid})")
         binary = self.binary or find_redis_server()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        stored = self._stored_port() if self.stable_port else None
+        # A restart keeps the port this server last had: its clients were given that URL.
+        preferred = (self.port or stored) if self.stable_port else None
         for attempt in range(_BIND_RETRIES):
-            if not self._fixed_port:
+            if preferred is not None and attempt == 0 and _port_is_free(self.host, preferred):
+                self.port = preferred
+            elif not self._fixed_port:
                 self.port = free_port(self.host)
+                if preferred is not None and attempt == 0:
+                    log.warning(
+                        "Redis port %d (kept in %s) is taken by another process; using port %d this time",
+                        preferred,
+                        self.port_path,
+                        self.port,
+                    )
             log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            with open(self.log_path, "ab") as log:
+            with open(self.log_path, "ab") as log_file:
                 self._proc = subprocess.Popen(
                     self._command(binary),
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=log_file,
                     stderr=subprocess.STDOUT,
                     preexec_fn=die_with_parent,
+                    # Its own session: a terminal's Ctrl-C must not stop Redis under workers that are
+                    # still storing results; whoever started it stops it, last.
+                    start_new_session=True,
                 )
             try:
                 self._wait_ready(timeout_s, log_offset)
+                if self.stable_port and stored is None:
+                    self.port_path.write_text(f"{self.port}\n")
                 return
             except RedisServerError as exc:
                 self._kill()
@@ -161,6 +201,13 @@ class RedisServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    def _stored_port(self) -> int | None:
+        try:
+            port = int(self.port_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return port if 0 < port < 65536 else None
 
     def _command(self, binary: str) -> list[str]:
         # Everything on the command line: no config file to write, and nothing lands outside data_dir.
@@ -199,9 +246,9 @@ class RedisServer:
 
     def _error(self, message: str, log_offset: int) -> RedisServerError:
         try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(log_offset, log.seek(0, 2) - _LOG_TAIL_BYTES))
-                tail = log.read().decode(errors="replace")
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(max(log_offset, log_file.seek(0, 2) - _LOG_TAIL_BYTES))
+                tail = log_file.read().decode(errors="replace")
         except OSError:
             tail = ""
         return RedisServerError(f"{message} (port {self.port}); {self.log_path} ends with:\n{tail}")

@@ -103,3 +103,35 @@ def test_redis_fixture_is_empty(redis: redis_py.Redis, run: int) -> None:
     assert redis.dbsize() == 0
     redis.set(f"leftover:{run}", b"x")
     assert redis.get(f"leftover:{run}") == b"x"
+
+
+def test_stable_port_is_kept_with_the_data_and_a_taken_one_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = tmp_path / "data"
+    with RedisServer(data, stable_port=True) as first:
+        port = first.port
+        assert (data / "port").read_text() == f"{port}\n"
+        first.stop()
+        first.start()  # a restart of the same server keeps the URL its clients hold
+        assert first.port == port
+    with RedisServer(data, stable_port=True) as again:
+        assert again.port == port
+    # Someone else holds the port: this run uses another, says so, and the data keeps its own port.
+    with RedisServer(tmp_path / "squatter", port=port), RedisServer(data, stable_port=True) as moved:
+        assert moved.port != port
+        with redis_py.Redis.from_url(moved.url) as client:
+            assert client.info("server")["process_id"] == moved.pid
+    assert f"Redis port {port} (kept in {data / 'port'}) is taken by another process; using port {moved.port}" in (
+        caplog.text
+    )
+    assert (data / "port").read_text() == f"{port}\n"
+    with RedisServer(data, stable_port=True) as back:
+        assert back.port == port
+
+
+def test_redis_runs_in_its_own_session(tmp_path: Path) -> None:
+    # A terminal's Ctrl-C goes to its foreground process group: Redis must not be in ours.
+    with RedisServer(tmp_path) as server:
+        assert server.pid is not None
+        assert os.getsid(server.pid) == server.pid != os.getsid(0)
