@@ -35,6 +35,9 @@ State = Annotated[AppState, Depends(get_state)]
 
 def get_model(model: str, state: State) -> ModelConfig:
     config = state.models.get(model)
+    invalid = getattr(state.models, "invalid", {})
+    if config is None and model in invalid:
+        raise NotFound(f"model {model!r} is not served: its config is invalid: {invalid[model]}")
     if config is None:
         raise NotFound(f"no model {model!r}; GET /v1/models lists them")
     return config

@@ -6,25 +6,25 @@ import argparse
 import json
 import logging
 import os
-import signal
+import shlex
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
+from inferq.supervisor import EXIT_CONFIG
 from shared.errors import AppError, ConfigError
 from shared.settings import Settings, get_settings
 
+if TYPE_CHECKING:
+    from shared.models import ModelRepository
+    from shared.redis_server import RedisServer
+
 log = logging.getLogger("inferq")
-STOP_GRACE_S = 15.0
-# sysexits' EX_CONFIG: a worker that cannot load its model exits with it, and `inferq up` stops instead of restarting.
-EXIT_CONFIG = 78
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 60.0
+# How long `inferq up` lets running batches finish when it stops, before it puts them back in their queues.
+STOP_GRACE_S = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start Redis (unless INFERQ_REDIS_URL), the API, workers and webhooks")
     _add_bind(up)
+    up.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=STOP_GRACE_S,
+        help=f"on Ctrl-C, how long running batches may take to finish (default {STOP_GRACE_S:g})",
+    )
     api = sub.add_parser("api", help="serve the HTTP API")
     _add_bind(api)
 
@@ -109,9 +115,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from shared.models import load_model_configs
 
     settings = _settings(args)
     _require_redis(settings)
+    _report_invalid(load_model_configs(settings.models_dir))
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level.lower())
     return 0
 
@@ -130,6 +138,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     check_rq_version()
     refuse_pickle()
     configs = load_model_configs(settings.models_dir)
+    for name in args.model or []:
+        if name in configs.invalid:
+            raise ConfigError(configs.invalid[name])
+    if not args.model:
+        _report_invalid(configs)
     names = args.model or sorted(configs)
     unknown = [n for n in names if n not in configs]
     if unknown or not names:
@@ -153,6 +166,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_invalid(configs: ModelRepository) -> None:
+    for name, error in configs.invalid.items():
+        log.error("model %s is left out, its config is invalid: %s", name, error)
+
+
 def cmd_webhooks(args: argparse.Namespace) -> int:
     from redis import Redis
 
@@ -168,83 +186,81 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from redis import Redis
+
+    from inferq.leftovers import clear_leftovers
+    from inferq.supervisor import Child, Supervisor
+    from shared import keys
     from shared.models import load_model_configs
-    from shared.redis_server import RedisServer, die_with_parent
+    from shared.redis_server import RedisServer
 
     settings = _settings(args)
     configs = load_model_configs(settings.models_dir)
     env = dict(os.environ)
     server = None
     if not settings.redis_url:
-        server = RedisServer(settings.data_dir / "redis", appendonly=True)
+        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True)
         server.start()
         env["INFERQ_REDIS_URL"] = server.url
     redis_url = env["INFERQ_REDIS_URL"]
-    me = [sys.executable, "-m", "inferq", "--log-level", args.log_level]
-
-    def label(cmd: list[str]) -> str:
-        return " ".join(cmd[len(me) :])  # the subcommand and its options, e.g. "worker --model digits"
-
-    commands = [[*me, "api", "--host", settings.host, "--port", str(settings.port)]]
-    commands += [[*me, "worker", "--model", name] for name in configs]
-    commands.append([*me, "webhooks"])
-    # Own sessions: a terminal's Ctrl-C reaches only us, and we stop the children in order.
-    children = [subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent) for cmd in commands]
-    stopping = False
-
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    base = f"http://{settings.host}:{settings.port}"
-    print(f"inferq is up\n  API:    {base}  (docs: {base}/docs)\n  Redis:  {redact(redis_url)}")
-    print(f"  models: {', '.join(configs) or 'none'}\n  ops:    rq info -u '{redact(redis_url)}'")
-    print("Ctrl-C stops everything.", flush=True)
-    code = 0
-    reason = ""
-    restarts: list[float] = []
     try:
-        while not stopping:
-            for index, (child, cmd) in enumerate(zip(children, commands, strict=True)):
-                if child.poll() is None:
-                    continue
-                if child.returncode == EXIT_CONFIG:
-                    # A model that cannot load will not load on a restart either: its line is already printed.
-                    reason = f"inferq: {label(cmd)} could not start (see above); stopped"
-                    stopping, code = True, EXIT_CONFIG
-                    break
-                # A crashed worker is replaced: its jobs come back through RQ's abandoned-job retries.
-                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
-                if len(restarts) > MAX_RESTARTS:
-                    log.error("%s keeps exiting (%s); stopping", label(cmd), child.returncode)
-                    stopping, code = True, 1
-                    break
-                log.warning("%s exited with %s; restarting it", label(cmd), child.returncode)
-                children[index] = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
-            time.sleep(0.2)
-    finally:
-        _stop_children(children)
+        with Redis.from_url(redis_url) as connection:
+            cleared = clear_leftovers(connection, [keys.queue_name(name) for name in configs])
+        if cleared.workers or cleared.scheduler_locks:
+            log.info(
+                "cleared what a run that did not stop left in Redis: workers %s, scheduler locks %s",
+                ", ".join(sorted(cleared.workers)) or "none",
+                ", ".join(cleared.scheduler_locks) or "none",
+            )
+    except BaseException:
         if server is not None:
             server.stop()
+        raise
+    me = [sys.executable, "-m", "inferq", "--log-level", args.log_level]
+    workers = [Child(f"worker {name}", [*me, "worker", "--model", name]) for name in configs]
+    services = [
+        Child("api", [*me, "api", "--host", settings.host, "--port", str(settings.port)]),
+        Child("webhooks", [*me, "webhooks"]),
+    ]
+    supervisor = Supervisor(workers, services, env, server, stop_grace_s=args.stop_grace_s)
+    _print_banner(settings, redis_url, configs, server, args.stop_grace_s)
+    code = supervisor.run()
     print("inferq stopped.", flush=True)
-    if reason:
-        print(reason, file=sys.stderr, flush=True)  # last, after the children's shutdown lines
     return code
 
 
-def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for child in children:
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+def _print_banner(
+    settings: Settings, redis_url: str, configs: ModelRepository, server: RedisServer | None, grace_s: float
+) -> None:
+    base = f"http://{settings.host}:{settings.port}"
+    # Commands that work as pasted: the venv's own tools, and the URL itself unless it carries a password.
+    url = redis_url if redact(redis_url) == redis_url else '"$INFERQ_REDIS_URL"'
+    lines = [
+        "inferq is up",
+        f"  API:     {base}  (docs: {base}/docs)",
+        f"  Redis:   {redact(redis_url)}" + (f"  (its data and port stay in {server.data_dir})" if server else ""),
+        f"  models:  {', '.join(configs) or 'none'}",
+        *(f"  left out: {name}: {error}" for name, error in configs.invalid.items()),
+        f"  queues:  {_tool('rq')} info -u {url}",
+    ]
+    if _tool("rq-dashboard") != "rq-dashboard":
+        lines.append(f"  dashboard: {_tool('rq-dashboard')} --redis-url {url} --json, then http://127.0.0.1:9181")
+    else:
+        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard --redis-url {url} --json")
+    lines.append(
+        f"Ctrl-C stops everything; running batches get up to {grace_s:g} s to finish (Ctrl-C again: stop now)."
+    )
+    print("\n".join(lines), flush=True)
+
+
+def _tool(name: str) -> str:
+    """The command for a tool beside this Python (``.venv/bin/rq`` from the repository root), else its bare name."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        return name
+    cwd = Path.cwd()
+    shown = str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
+    return shlex.quote(shown if "/" in shown else f"./{shown}")
 
 
 def _api_base(args: argparse.Namespace) -> str:
@@ -282,8 +298,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         shape = spec.get("size") or spec.get("shape") or (f"<={spec['max_chars']} chars" if "max_chars" in spec else "")
         print(
             f"{model['name']:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model['max_batch']:<5} "
-            f"queued={model['queue_length']}"
+            f"queued={model['queue_length']:<6} workers={model.get('workers', '?')}"
         )
+    for invalid in response.json().get("invalid", []):
+        print(f"{invalid['name']:<20} not served: {invalid['error']}")
     return 0
 
 

@@ -98,12 +98,28 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_model_configs(models_dir: Path) -> dict[str, ModelConfig]:
-    """Every model in the repository, by name."""
+class ModelRepository(dict[str, ModelConfig]):
+    """The models that loaded, by name; ``invalid`` maps each folder whose config did not to its error."""
+
+    def __init__(self, configs: dict[str, ModelConfig], invalid: dict[str, str]) -> None:
+        super().__init__(configs)
+        self.invalid = invalid
+
+
+def load_model_configs(models_dir: Path) -> ModelRepository:
+    """Every model in the repository, by name; a config that fails its checks is left out, with its error.
+
+    One broken folder must not stop every other model: callers report ``invalid`` and serve the rest.
+    """
     if not models_dir.is_dir():
         raise ConfigError(f"models directory {models_dir} does not exist")
-    return {
-        folder.name: load_model_config(folder)
-        for folder in sorted(models_dir.iterdir())
-        if (folder / "config.json").is_file()
-    }
+    configs: dict[str, ModelConfig] = {}
+    invalid: dict[str, str] = {}
+    for folder in sorted(models_dir.iterdir()):
+        if not (folder / "config.json").is_file():
+            continue
+        try:
+            configs[folder.name] = load_model_config(folder)
+        except ConfigError as exc:
+            invalid[folder.name] = exc.message
+    return ModelRepository(configs, invalid)

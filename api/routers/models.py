@@ -1,21 +1,56 @@
-"""The model repository as the API shows it."""
+"""The model repository as the API shows it, with each model's live workers and the configs left out."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
 
 from api.auth import require_key
 from api.deps import AppState, Model, State
-from api.schemas import ERRORS, ModelList, ModelPublic
+from api.schemas import ERRORS, ModelPublic
 from shared import keys
 from shared.models import ModelConfig
+from shared.rqjson import JSONJob, JSONQueue
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
 
 
-def _public(state: AppState, config: ModelConfig, queue_length: int) -> ModelPublic:
-    return ModelPublic(
+class ModelServed(ModelPublic):
+    # Workers registered on the model's queue (RQ's registry): 0 means its jobs wait until one starts.
+    workers: int
+
+
+class InvalidModel(BaseModel):
+    name: str
+    error: str
+
+
+class ModelListing(BaseModel):
+    models: list[ModelServed]
+    # Folders in the model repository whose config.json failed its checks: not served.
+    invalid: list[InvalidModel]
+
+
+def invalid_models(state: AppState) -> dict[str, str]:
+    """The repository's folders left out at start, with why (load_model_configs records them)."""
+    return dict(getattr(state.models, "invalid", {}))
+
+
+def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
+    """How many workers RQ has registered on each model's queue; one that stopped cleanly has unregistered."""
+    counts = {}
+    for name in names:
+        queue = state.queues.get(keys.queue_name(name))
+        workers = Worker.all(queue=queue, job_class=JSONJob, queue_class=JSONQueue, serializer=JSONSerializer)
+        counts[name] = len(workers)
+    return counts
+
+
+def _public(config: ModelConfig, queue_length: int, workers: int) -> ModelServed:
+    return ModelServed(
         name=config.name,
         description=config.description,
         handler=config.handler,
@@ -24,26 +59,31 @@ def _public(state: AppState, config: ModelConfig, queue_length: int) -> ModelPub
         max_batch=config.max_batch,
         queue=keys.queue_name(config.name),
         queue_length=queue_length,
+        workers=workers,
     )
 
 
-def _lengths(state: AppState, names: list[str]) -> list[int]:
+def _status(state: AppState, names: list[str]) -> tuple[list[int], dict[str, int]]:
     with state.redis.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.llen(state.queues.get(keys.queue_name(name)).key)
-        return [int(n) for n in pipe.execute()]
+        lengths = [int(n) for n in pipe.execute()]
+    return lengths, live_workers(state, names)
 
 
-@router.get("", response_model=ModelList)
-async def list_models(state: State) -> ModelList:
-    """Every model this deployment serves, with its queue length."""
+@router.get("", response_model=ModelListing)
+async def list_models(state: State) -> ModelListing:
+    """Every model this deployment serves, with its queue length and live workers; and the configs left out."""
     names = sorted(state.models)
-    lengths = await run_in_threadpool(_lengths, state, names)
-    return ModelList(models=[_public(state, state.models[n], k) for n, k in zip(names, lengths, strict=True)])
+    lengths, workers = await run_in_threadpool(_status, state, names)
+    return ModelListing(
+        models=[_public(state.models[n], k, workers[n]) for n, k in zip(names, lengths, strict=True)],
+        invalid=[InvalidModel(name=n, error=e) for n, e in sorted(invalid_models(state).items())],
+    )
 
 
-@router.get("/{model}", response_model=ModelPublic, responses=ERRORS)
-async def get_model(config: Model, state: State) -> ModelPublic:
-    """One model: its inputs, labels, max batch and queue length."""
-    (length,) = await run_in_threadpool(_lengths, state, [config.name])
-    return _public(state, config, length)
+@router.get("/{model}", response_model=ModelServed, responses=ERRORS)
+async def get_model(config: Model, state: State) -> ModelServed:
+    """One model: its inputs, labels, max batch, queue length and live workers."""
+    (length,), workers = await run_in_threadpool(_status, state, [config.name])
+    return _public(config, length, workers[config.name])

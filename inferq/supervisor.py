@@ -1,0 +1,205 @@
+"""``inferq up``'s supervisor: its children, their restarts, and the order they stop in.
+
+Every child runs in its own session, so a terminal's Ctrl-C reaches only the supervisor, which
+then stops them in order: workers first (the first SIGTERM lets a worker finish and store its
+batch), then the API and the webhook sender, and Redis last, so nothing loses Redis mid-write.
+
+A child that exits is started again, unless it cannot start: exit status 78 (a broken model or
+setting; its own line says why) or a crash loop ends its restarts, and the rest keep serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from shared.redis_server import RedisServer, RedisServerError, die_with_parent
+
+log = logging.getLogger("inferq")
+# sysexits' EX_CONFIG: the child cannot work as configured, and a restart would not change that.
+EXIT_CONFIG = 78
+# A child that exits this many times within the window is left stopped.
+MAX_EXITS = 5
+RESTART_WINDOW_S = 60.0
+# How long a stage may take to stop after its second SIGTERM (or second Ctrl-C) before it is killed.
+HURRY_S = 10.0
+# The API and the webhook sender: an attempt in flight is bounded by INFERQ_WEBHOOK_TIMEOUT_S.
+SERVICE_GRACE_S = 15.0
+POLL_S = 0.1
+# RQ ignores a second stop signal that comes less than a second after the first.
+SIGNAL_GAP_S = 1.1
+
+
+@dataclass
+class Child:
+    """One supervised process, named by what it is: ``api``, ``worker digits``, ``webhooks``."""
+
+    name: str
+    command: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    exits: deque[float] = field(default_factory=deque)
+    restart_at: float | None = None
+    gave_up: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    """Runs ``workers`` and ``services`` (API, webhooks) against ``redis`` (None: an external Redis)."""
+
+    def __init__(
+        self,
+        workers: Sequence[Child],
+        services: Sequence[Child],
+        env: dict[str, str],
+        redis: RedisServer | None,
+        stop_grace_s: float,
+    ) -> None:
+        self.workers = list(workers)
+        self.services = list(services)
+        self.env = env
+        self.redis = redis
+        self.stop_grace_s = stop_grace_s
+        self.signals = 0
+        self.exit_code = 0
+        self._redis_exits: deque[float] = deque()
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.workers, *self.services]
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT/SIGTERM: the first stops everything in order; a second hurries the workers."""
+        self.signals += 1
+
+    def run(self) -> int:
+        """Start every child, keep them running until a signal (or nothing is left), then stop in order."""
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGTERM, self.request_stop)
+        try:
+            for child in self.children:
+                self._start(child)
+            while not self.signals:
+                if not self._tend():
+                    break
+                time.sleep(POLL_S)
+        finally:
+            self.stop()
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Workers first (their batches finish and are stored), then the API and webhooks, then Redis."""
+        running = [c for c in self.workers if c.running]
+        if running:
+            log.info("stopping %s: running batches finish first", ", ".join(c.name for c in running))
+        self._stop_stage(running, self.stop_grace_s, batches=True)
+        self._stop_stage([c for c in self.services if c.running], SERVICE_GRACE_S, batches=False)
+        if self.redis is not None:
+            self.redis.stop()
+
+    def _start(self, child: Child) -> None:
+        child.restart_at = None
+        # Own session: the terminal's Ctrl-C is ours alone; die_with_parent: a killed supervisor takes them along.
+        child.proc = subprocess.Popen(child.command, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
+
+    def _tend(self) -> bool:
+        """Restart what exited; False when nothing can serve any more."""
+        now = time.monotonic()
+        if self.redis is not None and not self.redis.is_running() and not self._restart_redis(now):
+            return False
+        for child in self.children:
+            if child.gave_up or child.running:
+                continue
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._start(child)
+                continue
+            assert child.proc is not None
+            code = child.proc.returncode
+            if code == EXIT_CONFIG:
+                child.gave_up = "could not start (its error is above)"
+                log.error(
+                    "%s could not start (its error is above); not restarting it, the rest keep serving", child.name
+                )
+                continue
+            child.exits.append(now)
+            while child.exits and now - child.exits[0] > RESTART_WINDOW_S:
+                child.exits.popleft()
+            if len(child.exits) >= MAX_EXITS:
+                child.gave_up = f"exited {len(child.exits)} times within {RESTART_WINDOW_S:g} s (last status {code})"
+                log.error("%s %s; not restarting it, the rest keep serving", child.name, child.gave_up)
+                continue
+            # A crashed worker's jobs come back through RQ's abandoned-job retries; back off in a crash loop.
+            delay_s = float(len(child.exits) - 1)
+            log.warning("%s exited with status %s; restarting it in %g s", child.name, code, delay_s)
+            child.restart_at = now + delay_s
+        if all(child.gave_up for child in self.children):
+            log.error("nothing is left running; stopping")
+            configs = all(c.proc is not None and c.proc.returncode == EXIT_CONFIG for c in self.children)
+            self.exit_code = EXIT_CONFIG if configs else 1
+            return False
+        return True
+
+    def _restart_redis(self, now: float) -> bool:
+        assert self.redis is not None
+        self._redis_exits.append(now)
+        while self._redis_exits and now - self._redis_exits[0] > RESTART_WINDOW_S:
+            self._redis_exits.popleft()
+        if len(self._redis_exits) >= MAX_EXITS:
+            log.error("redis exited %d times within %g s; stopping", len(self._redis_exits), RESTART_WINDOW_S)
+            self.exit_code = 1
+            return False
+        log.warning("redis exited; restarting it on port %s (its AOF keeps the data)", self.redis.port)
+        try:
+            self.redis.start()
+        except RedisServerError as exc:
+            log.error("redis could not restart: %s; stopping", exc)
+            self.exit_code = 1
+            return False
+        return True
+
+    def _stop_stage(self, children: list[Child], grace_s: float, *, batches: bool) -> None:
+        """SIGTERM, wait up to grace_s (or a second Ctrl-C), SIGTERM again, wait HURRY_S, then SIGKILL."""
+        if not children:
+            return
+        for child in children:
+            assert child.proc is not None
+            child.proc.send_signal(signal.SIGTERM)
+        first_at = time.monotonic()
+        deadline = first_at + grace_s
+        signals_seen = self.signals
+        hurried = told = False
+        while any(child.running for child in children):
+            now = time.monotonic()
+            hurry_asked = self.signals > signals_seen
+            if not hurried and (now >= deadline or hurry_asked) and now - first_at >= SIGNAL_GAP_S:
+                hurried = True
+                deadline = now + HURRY_S
+                what = "putting running batches back in their queues" if batches else "closing open requests"
+                log.warning("stopping %s now: %s", ", ".join(c.name for c in children if c.running), what)
+                for child in children:
+                    if child.running:
+                        assert child.proc is not None
+                        child.proc.send_signal(signal.SIGTERM)
+            elif hurried and now >= deadline:
+                for child in children:
+                    if child.running:
+                        assert child.proc is not None
+                        log.error("%s did not stop; killing it", child.name)
+                        child.proc.kill()
+                break
+            elif batches and not told and now - first_at >= 2.0:
+                told = True
+                log.info("waiting up to %g s for running batches (Ctrl-C again: put them back and stop now)", grace_s)
+            time.sleep(POLL_S / 2)
+        for child in children:
+            assert child.proc is not None
+            child.proc.wait()

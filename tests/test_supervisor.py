@@ -1,0 +1,98 @@
+"""`inferq up`'s supervisor with stand-in children: the order it stops them in, a second Ctrl-C, giving up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.stack import ROOT, wait_until
+
+CHILD = """
+import signal, sys, time
+log, name, mode = sys.argv[1:]
+terms = 0
+def say(what):
+    with open(log, "a") as f:
+        f.write(f"{name} {what}\\n")
+def term(signum, frame):
+    global terms
+    terms += 1
+    say(f"SIGTERM {terms}")
+    if mode == "finish" or terms == 2:  # "stubborn" children stop only at the second
+        time.sleep(0.3)
+        say("stopped")
+        sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+if mode.startswith("exit"):
+    sys.exit(int(mode[4:]))
+say("up")
+while True:
+    time.sleep(0.05)
+"""
+DRIVER = """
+import sys
+from inferq.supervisor import Child, Supervisor
+log, child, grace, worker_mode, service_mode = sys.argv[1:]
+def make(name, mode):
+    return Child(name, [sys.executable, child, log, name, mode])
+supervisor = Supervisor([make("worker a", worker_mode)], [make("api", service_mode)], {}, None, float(grace))
+sys.exit(supervisor.run())
+"""
+
+
+def _supervise(tmp: Path, worker_mode: str, service_mode: str = "finish") -> tuple[subprocess.Popen[bytes], Path]:
+    (tmp / "child.py").write_text(CHILD)
+    (tmp / "driver.py").write_text(DRIVER)
+    log = tmp / "children.log"
+    log.touch()
+    with (tmp / "supervisor.log").open("wb") as said:
+        proc = subprocess.Popen(
+            [sys.executable, str(tmp / "driver.py"), str(log), str(tmp / "child.py"), "60", worker_mode, service_mode],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=said,
+            start_new_session=True,
+        )
+    return proc, log
+
+
+def test_workers_stop_first_then_the_services(tmp_path: Path) -> None:
+    proc, log = _supervise(tmp_path, "finish")
+    wait_until(lambda: len(log.read_text().splitlines()) == 2, 30, "both children")
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the children, in their own sessions, get none
+    assert proc.wait(timeout=30) == 0
+    lines = log.read_text().splitlines()
+    assert sorted(lines[:2]) == ["api up", "worker a up"]
+    assert lines[2:] == ["worker a SIGTERM 1", "worker a stopped", "api SIGTERM 1", "api stopped"]
+
+
+def test_a_second_ctrl_c_hurries_a_worker_that_is_still_finishing(tmp_path: Path) -> None:
+    proc, log = _supervise(tmp_path, "stubborn")
+    wait_until(lambda: len(log.read_text().splitlines()) == 2, 30, "both children")
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_until(lambda: "worker a SIGTERM 1" in log.read_text(), 30, "the first SIGTERM")
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 0  # well within the 60 s grace
+    assert log.read_text().splitlines()[2:] == [
+        "worker a SIGTERM 1",
+        "worker a SIGTERM 2",
+        "worker a stopped",
+        "api SIGTERM 1",
+        "api stopped",
+    ]
+    assert (
+        "stopping worker a now: putting running batches back in their queues"
+        in (tmp_path / "supervisor.log").read_text()
+    )
+
+
+def test_children_that_cannot_start_are_not_restarted_and_nothing_left_stops_it(tmp_path: Path) -> None:
+    proc, _ = _supervise(tmp_path, "exit78", "exit78")
+    assert proc.wait(timeout=30) == 78
+    said = (tmp_path / "supervisor.log").read_text()
+    assert said.count("worker a could not start (its error is above); not restarting it") == 1
+    assert said.count("api could not start (its error is above); not restarting it") == 1
+    assert "nothing is left running; stopping" in said
