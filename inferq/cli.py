@@ -11,7 +11,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from inferq.supervisor import EXIT_CONFIG
@@ -58,9 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     webhooks.add_argument("--burst", action="store_true", help="quit when the queue is empty")
     webhooks.add_argument("--name", help="worker name (default: unique per process)")
 
-    submit = sub.add_parser("submit", help="submit files to a model through the API")
+    submit = sub.add_parser(
+        "submit", help="submit inputs to a model through the API: files (a .json file is sent as the JSON body)"
+    )
     submit.add_argument("model")
-    submit.add_argument("files", nargs="+", type=Path)
+    submit.add_argument("files", nargs="*", type=Path, help='images (multipart), or .json files with {"inputs": ...}')
+    submit.add_argument("--json", help="a JSON body, e.g. '{\"inputs\": [[0.1, 0.2]]}' (tensor and json models)")
+    submit.add_argument("--text", help='a text, sent as {"inputs": TEXT} (text models)')
     submit.add_argument("--wait", type=float, default=0.0, help="seconds to wait for each result")
     submit.add_argument("--webhook", help="URL to POST the finished job to")
     submit.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
@@ -270,37 +274,94 @@ def _api_base(args: argparse.Namespace) -> str:
     return f"http://{settings.host}:{settings.port}"
 
 
+class ApiError(AppError):
+    """The API could not be reached, or answered something that is not inferq's JSON."""
+
+
+def _answer(response: Any) -> dict[str, Any]:
+    """The JSON body of an API answer; an error body's message, or a readable ApiError."""
+    try:
+        body = response.json()
+    except ValueError:
+        raise ApiError(f"{response.request.url} answered {response.status_code}, not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(f"{response.request.url} answered {response.status_code} with unexpected JSON")
+    return body
+
+
+def _submissions(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """(what, httpx request arguments) per input, every file read first: a missing one submits nothing."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    extra = {"webhook": args.webhook} if args.webhook else {}
+    for path in args.files:
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            raise AppError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if path.suffix.lower() == ".json":
+            out.append((str(path), {"json": _json_body(content.decode(errors="replace"), str(path), extra)}))
+        else:
+            out.append(
+                (str(path), {"files": {"file": (path.name, content, "application/octet-stream")}, "data": extra})
+            )
+    if args.json is not None:
+        out.append(("--json", {"json": _json_body(args.json, "--json", extra)}))
+    if args.text is not None:
+        out.append(("--text", {"json": {"inputs": args.text, **extra}}))
+    if not out:
+        raise AppError("nothing to submit: give FILE..., --json BODY or --text TEXT")
+    return out
+
+
+def _json_body(text: str, what: str, extra: dict[str, str]) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise AppError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(body, dict) or "inputs" not in body:
+        raise AppError(f'{what} must be a JSON object with "inputs", e.g. {{"inputs": [[0.1, 0.2]]}}')
+    return {**body, **extra}
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     import httpx
 
     base = _api_base(args)
+    url = f"{base}/v1/models/{args.model}/jobs"
     failed = 0
+    headers = {"Prefer": f"wait={args.wait:g}"} if args.wait else {}
     with httpx.Client(timeout=max(30.0, args.wait + 10)) as client:
-        for path in args.files:
-            data = {"webhook": args.webhook} if args.webhook else {}
-            headers = {"Prefer": f"wait={args.wait:g}"} if args.wait else {}
-            with path.open("rb") as fh:
-                files = {"file": (path.name, fh, "application/octet-stream")}
-                response = client.post(f"{base}/v1/models/{args.model}/jobs", files=files, data=data, headers=headers)
-            body = response.json()
+        for what, request in _submissions(args):
+            try:
+                response = client.post(url, headers=headers, **request)
+            except httpx.HTTPError as exc:
+                raise ApiError(f"cannot reach the API at {base}: {exc}") from None
+            body = _answer(response)
             failed += response.status_code >= 400 or body.get("status") == "failed"
-            print(json.dumps({"file": str(path), "http_status": response.status_code, **body}), flush=True)
+            print(json.dumps({"input": what, "http_status": response.status_code, **body}), flush=True)
     return 1 if failed else 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     import httpx
 
-    response = httpx.get(f"{_api_base(args)}/v1/models", timeout=10)
-    response.raise_for_status()
-    for model in response.json()["models"]:
+    base = _api_base(args)
+    try:
+        response = httpx.get(f"{base}/v1/models", timeout=10)
+    except httpx.HTTPError as exc:
+        raise ApiError(f"cannot reach the API at {base}: {exc}") from None
+    body = _answer(response)
+    if response.status_code != 200:
+        message = (body.get("error") or {}).get("message", "")
+        raise ApiError(f"{base}/v1/models answered {response.status_code}: {message}")
+    for model in body["models"]:
         spec = model["input"]
         shape = spec.get("size") or spec.get("shape") or (f"<={spec['max_chars']} chars" if "max_chars" in spec else "")
         print(
             f"{model['name']:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model['max_batch']:<5} "
             f"queued={model['queue_length']:<6} workers={model.get('workers', '?')}"
         )
-    for invalid in response.json().get("invalid", []):
+    for invalid in body.get("invalid", []):
         print(f"{invalid['name']:<20} not served: {invalid['error']}")
     return 0
 
@@ -318,6 +379,8 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # httpx logs every request at INFO: a line on stderr per submit, and per attempt in the webhook sender.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
