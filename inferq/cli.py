@@ -389,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     except AppError as exc:
         print(f"inferq: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # A Ctrl-C before a command installs its own handlers (while `up` starts Redis, a model loads).
+        print("inferq: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

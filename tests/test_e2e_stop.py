@@ -16,7 +16,7 @@ import pytest
 import redis as redis_py
 
 from inferq.leftovers import process_alive
-from shared.redis_server import free_port
+from shared.redis_server import RedisServer, free_port
 from tests.stack import ROOT, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -134,10 +134,19 @@ def test_ctrl_c_lets_the_running_batch_finish_and_stops_redis_last(up: Up) -> No
     assert "Traceback" not in first, first
     assert "cannot store" not in first and "could not connect to Redis" not in first, first
     assert "inferq stopped." in first
+    # What the stop left in Redis's data: no worker listed, no scheduler lock held.
+    with (
+        RedisServer(up.tmp / "state" / "redis", stable_port=True) as server,
+        redis_py.Redis.from_url(server.url) as client,
+    ):
+        assert client.smembers("rq:workers") == set()
+        assert client.keys("rq:scheduler-lock:*") == []
 
     # Started again on the same data: the same Redis URL, and the job ended once, with its result.
     up.start()
     assert up.redis_url() == redis_url
+    # The clean stop unregistered its workers and released the scheduler's lock: nothing to clear.
+    assert "cleared what a run that did not stop left in Redis" not in up.log()
     view = _view(up, job_id)
     assert view["status"] == "finished", view
     assert view["result"] == {"output": [1.0, 2.0]}
