@@ -9,19 +9,17 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import AnyHttpUrl, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
+from api.schemas import WEBHOOK_MAX_CHARS, JobBodies, job_bodies
 from shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
 from shared.inputs import InputKind, input_kind
 from shared.jobs import Submission
 from shared.models import ModelConfig
 from shared.settings import Settings
 
-_URL = TypeAdapter(AnyHttpUrl)
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNORECASE)
-_FORM_FIELDS = {"file", "webhook", "result_ttl", "ttl"}
-_JSON_FIELDS = {"inputs", "webhook", "result_ttl", "ttl"}
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -62,36 +60,31 @@ def prefer_wait(header: str | None, max_wait_s: float) -> float:
     return parse_wait(match.group(1), max_wait_s, "Prefer") if match else 0.0
 
 
-def _webhook(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or len(value) > 2048:
-        raise InvalidInput("webhook must be an http(s) URL of at most 2048 characters")
+def _validated(model: type[BaseModel], fields: Any, what: str, missing: str, bodies: JobBodies) -> dict[str, Any]:
+    """``fields`` checked by the model the OpenAPI schema shows; a readable 422 for what it refuses."""
     try:
-        return str(_URL.validate_python(value))
-    except ValidationError:
-        raise InvalidInput(f"webhook must be an http(s) URL, got {value[:100]!r}") from None
+        return dict(model.model_validate(fields))
+    except ValidationError as exc:
+        raise _refusal(exc, what, missing, bodies) from None
 
 
-def _result_ttl(value: Any, settings: Settings) -> int | None:
-    return _seconds(value, "result_ttl", settings.max_result_ttl_s)
-
-
-def _seconds(value: Any, name: str, most: int) -> int | None:
-    """A whole number of seconds in 1..most, or None when absent."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise InvalidInput(f"{name} must be a whole number of seconds")
-    try:
-        seconds = int(value)
-        if isinstance(value, float) and seconds != value:
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidInput(f"{name} must be a whole number of seconds, got {str(value)[:50]!r}") from None
-    if not 1 <= seconds <= most:
-        raise InvalidInput(f"{name} must be between 1 and {most} seconds")
-    return seconds
+def _refusal(exc: ValidationError, what: str, missing: str, bodies: JobBodies) -> InvalidInput:
+    errors = exc.errors()
+    unknown = sorted(str(error["loc"][0]) for error in errors if error["type"] == "extra_forbidden")
+    if unknown:
+        return InvalidInput(f"unknown {what}: {', '.join(unknown)}")
+    error = errors[0]
+    name = str(error["loc"][0]) if error["loc"] else ""
+    if error["type"] in ("missing", "model_type"):
+        return InvalidInput(missing)
+    shown = str(error["input"])[:100]
+    if name in bodies.limits:
+        if error["type"] in ("greater_than_equal", "less_than_equal"):
+            return InvalidInput(f"{name} must be between 1 and {bodies.limits[name]} seconds")
+        return InvalidInput(f"{name} must be a whole number of seconds, got {shown[:50]!r}")
+    if name == "webhook":
+        return InvalidInput(f"webhook must be an http(s) URL of at most {WEBHOOK_MAX_CHARS} characters, got {shown!r}")
+    return InvalidInput(f"{name}: {error['msg']}" if name else error["msg"])
 
 
 def _json_body(body: bytes) -> Any:
@@ -124,22 +117,21 @@ async def parse_submission(request: Request, config: ModelConfig, body: bytes, s
 
 def _json_submission(config: ModelConfig, kind: InputKind[Any], body: bytes, settings: Settings) -> Submission:
     assert kind.from_json is not None
+    bodies = job_bodies(config, settings)
+    assert bodies.json is not None
     data = _json_body(body)
+    missing = f"the body must be a JSON object with an 'inputs' field; model {config.name} takes {kind.takes}"
     if not isinstance(data, dict) or "inputs" not in data:
-        raise InvalidInput(
-            f"the body must be a JSON object with an 'inputs' field; model {config.name} takes {kind.takes}"
-        )
-    unknown = set(data) - _JSON_FIELDS
-    if unknown:
-        raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
-    payload = kind.from_json(config.input, data["inputs"], config.name, settings)
+        raise InvalidInput(missing)
+    fields = _validated(bodies.json, data, "fields", missing, bodies)
+    payload = kind.from_json(config.input, fields["inputs"], config.name, settings)
     return Submission(
         config.name,
         payload.data,
         payload.content_type,
-        webhook=_webhook(data.get("webhook")),
-        result_ttl_s=_result_ttl(data.get("result_ttl"), settings),
-        deadline_s=_seconds(data.get("ttl"), "ttl", settings.queue_ttl_s),
+        webhook=fields["webhook"],
+        result_ttl_s=fields["result_ttl"],
+        deadline_s=fields["ttl"],
     )
 
 
@@ -152,26 +144,24 @@ async def _multipart_submission(
     except Exception as exc:  # Starlette raises its own types for malformed multipart
         raise InvalidInput(f"malformed multipart body: {exc}") from None
     try:
-        unknown = set(form.keys()) - _FORM_FIELDS
-        if unknown:
-            raise InvalidInput(f"unknown form fields: {', '.join(sorted(unknown))}")
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise InvalidInput(f"the form needs a 'file' field holding the {kind.name}")
+        bodies = job_bodies(config, settings)
+        assert bodies.form is not None
+        missing = f"the form needs a 'file' field holding the {kind.name}"
+        fields = _validated(bodies.form, dict(form.items()), "form fields", missing, bodies)
+        upload = fields["file"]
+        if not isinstance(upload, UploadFile):  # a text field named "file"
+            raise InvalidInput(missing)
         data = await upload.read()
         payload = await run_in_threadpool(
             kind.from_bytes, config.input, data, upload.content_type or "", config.name, settings
         )
-        webhook = form.get("webhook")
-        result_ttl = form.get("result_ttl")
-        deadline = form.get("ttl")
         return Submission(
             config.name,
             payload.data,
             payload.content_type,
-            webhook=_webhook(webhook if isinstance(webhook, str) else None),
-            result_ttl_s=_result_ttl(result_ttl if isinstance(result_ttl, str) else None, settings),
-            deadline_s=_seconds(deadline if isinstance(deadline, str) else None, "ttl", settings.queue_ttl_s),
+            webhook=fields["webhook"],
+            result_ttl_s=fields["result_ttl"],
+            deadline_s=fields["ttl"],
         )
     finally:
         await form.close()

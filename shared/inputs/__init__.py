@@ -27,7 +27,6 @@ __all__ = [
     "TensorInput",
     "TextInput",
     "input_kind",
-    "request_body",
 ]
 
 KINDS: dict[str, InputKind[Any]] = {kind.name: kind for kind in (image.KIND, tensor.KIND, text.KIND, document.KIND)}
@@ -38,27 +37,3 @@ Input = Annotated[ImageInput | TensorInput | TextInput | JsonInput, Field(discri
 def input_kind(spec: ImageInput | TensorInput | TextInput | JsonInput) -> InputKind[Any]:
     """The kind a model's input config belongs to."""
     return KINDS[spec.kind]
-
-
-def request_body(kinds: list[InputKind[Any]] | None = None) -> dict[str, Any]:
-    """The OpenAPI requestBody taking what any of ``kinds`` (all by default) takes."""
-    content: dict[str, dict[str, Any]] = {}
-    for kind in kinds if kinds is not None else list(KINDS.values()):
-        for media_type, media in kind.openapi(None).items():
-            content[media_type] = _merge(content[media_type], media) if media_type in content else media
-    return {"required": True, "content": content}
-
-
-def _merge(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    # JSON job bodies stay one flat object with the option fields; only "inputs" becomes a oneOf.
-    a, b = first["schema"], second["schema"]
-    if "inputs" in a.get("properties", {}) and "inputs" in b.get("properties", {}):
-        choices = [*_choices(a["properties"]["inputs"]), *_choices(b["properties"]["inputs"])]
-        return {"schema": {**a, "properties": {**a["properties"], "inputs": {"oneOf": choices}}}}
-    if a == b:
-        return first
-    return {"schema": {"oneOf": [*_choices(a), *_choices(b)]}}
-
-
-def _choices(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(schema["oneOf"]) if set(schema) == {"oneOf"} else [schema]

@@ -11,12 +11,6 @@ from pydantic import BaseModel
 from shared.settings import Settings
 
 Spec = TypeVar("Spec", bound=BaseModel)
-# The options any job body may carry beside its input; api/inputs.py reads them.
-OPTION_FIELDS: dict[str, dict[str, Any]] = {
-    "webhook": {"type": "string", "format": "uri", "maxLength": 2048},
-    "result_ttl": {"type": "integer", "minimum": 1},
-    "ttl": {"type": "integer", "minimum": 1},
-}
 
 
 @dataclass(frozen=True)
@@ -35,9 +29,10 @@ class InputKind(Generic[Spec]):
     config: type[Spec]
     # Completes "model X takes ..." in the 415 answer to any other content type.
     takes: str
-    # OpenAPI media-type objects by media type, for one model's spec or, given None, any model of the kind;
-    # one function per kind so that a model's own submit schema can later be built from its spec.
-    openapi: Callable[[Spec | None], dict[str, dict[str, Any]]]
+    # The JSON Schema of one model's input by media type, exactly what the checks below accept: for
+    # application/json the "inputs" value, for multipart/form-data the "file" part, otherwise the whole body.
+    # The API wraps them in its request models (the job options) to build that model's submit schema.
+    openapi: Callable[[Spec], dict[str, dict[str, Any]]]
     # (spec, the "inputs" value of an application/json body, model name, settings)
     from_json: Callable[[Spec, Any, str, Settings], Payload] | None = None
     # (spec, a raw body or multipart "file", its Content-Type as sent, model name, settings)
@@ -53,18 +48,6 @@ class InputKind(Generic[Spec]):
             media_type == pattern or (pattern.endswith("/*") and media_type.startswith(pattern[:-1]))
             for pattern in self.media_types
         )
-
-
-def json_body(inputs: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI media-type object of an ``application/json`` job body whose ``inputs`` is ``inputs``."""
-    return {
-        "schema": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {"inputs": inputs, **OPTION_FIELDS},
-            "additionalProperties": False,
-        }
-    }
 
 
 def json_type(value: Any) -> str:

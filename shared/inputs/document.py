@@ -16,7 +16,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012, specification_with
 
 from shared.errors import ConfigError, InvalidInput
-from shared.inputs.base import InputKind, Payload, json_body, json_type
+from shared.inputs.base import InputKind, Payload, json_type
 from shared.settings import Settings
 
 _MAX_MESSAGE_CHARS = 300
@@ -98,9 +98,8 @@ def from_json(spec: JsonInput, inputs: Any, model: str, settings: Settings) -> P
     return Payload(data, "application/json")
 
 
-def openapi(spec: JsonInput | None = None) -> dict[str, dict[str, Any]]:
-    schema = spec.json_schema if spec is not None and spec.json_schema is not None else {}
-    return {"application/json": json_body({**schema, "type": "object"})}
+def openapi(spec: JsonInput) -> dict[str, dict[str, Any]]:
+    return {"application/json": {**(spec.json_schema or {}), "type": "object"}}
 
 
 KIND = InputKind(

@@ -11,7 +11,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidInput, UnsupportedMedia
-from shared.inputs.base import OPTION_FIELDS, InputKind, Payload
+from shared.inputs.base import InputKind, Payload
 from shared.settings import Settings
 
 
@@ -77,12 +77,14 @@ def from_bytes(spec: ImageInput, data: bytes, content_type: str, model: str, set
     return Payload(data, content_type.split(";")[0].strip().lower() or "application/octet-stream")
 
 
-def openapi(spec: ImageInput | None = None) -> dict[str, dict[str, Any]]:
-    form = {"file": {"type": "string", "format": "binary"}, **OPTION_FIELDS}
-    return {
-        "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": form}},
-        "image/*": {"schema": {"type": "string", "format": "binary"}},
-    }
+# Raw bodies the API reads as an image; a multipart "file" part may carry the same.
+MEDIA_TYPES = ("image/*", "application/octet-stream")
+
+
+def openapi(spec: ImageInput) -> dict[str, dict[str, Any]]:
+    # Non-empty bytes ("the image is empty" otherwise); that they decode is more than a JSON Schema can say.
+    image = {"type": "string", "format": "binary", "minLength": 1}
+    return {media_type: dict(image) for media_type in ("multipart/form-data", *MEDIA_TYPES)}
 
 
 KIND = InputKind(
@@ -91,6 +93,6 @@ KIND = InputKind(
     takes="an image: multipart/form-data with a 'file' field, or an image/* body",
     openapi=openapi,
     from_bytes=from_bytes,
-    media_types=("image/*", "application/octet-stream"),
+    media_types=MEDIA_TYPES,
     multipart=True,
 )

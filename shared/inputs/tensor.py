@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from shared.errors import InvalidInput
-from shared.inputs.base import InputKind, Payload, json_body, json_type
+from shared.inputs.base import InputKind, Payload, json_type
 from shared.settings import Settings
 
 # What the worker's torch.tensor(..., dtype) can hold. Past these, int64 and float64 raise in the
@@ -47,7 +47,8 @@ def check_tensor(value: Any, shape: list[int], dtype: str, where: str = "inputs"
 def _check_number(value: Any, dtype: str, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{where} must be a number, got {json_type(value)}")
-    if dtype == "int64" and not isinstance(value, int):
+    # 3.0 is an integer to JSON Schema (and to JSON, which has one number type); 3.5 is not.
+    if dtype == "int64" and not (isinstance(value, int) or value.is_integer()):
         raise InvalidInput(f"{where} must be an integer for an int64 model")
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidInput(f"{where} is not a finite number")
@@ -64,13 +65,14 @@ def from_json(spec: TensorInput, inputs: Any, model: str, settings: Settings) ->
     return Payload(json.dumps({"inputs": inputs}).encode(), "application/json")
 
 
-def openapi(spec: TensorInput | None = None) -> dict[str, dict[str, Any]]:
-    if spec is None:
-        return {"application/json": json_body({"type": "array", "items": {}})}
-    number: dict[str, Any] = {"type": "integer" if spec.dtype == "int64" else "number"}
+def openapi(spec: TensorInput) -> dict[str, dict[str, Any]]:
+    if spec.dtype == "int64":
+        schema: dict[str, Any] = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+    else:
+        schema = {"type": "number", "minimum": -FLOAT_MAX[spec.dtype], "maximum": FLOAT_MAX[spec.dtype]}
     for size in reversed(spec.shape):
-        number = {"type": "array", "minItems": size, "maxItems": size, "items": number}
-    return {"application/json": json_body(number)}
+        schema = {"type": "array", "minItems": size, "maxItems": size, "items": schema}
+    return {"application/json": schema}
 
 
 KIND = InputKind(

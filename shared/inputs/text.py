@@ -7,11 +7,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidInput, UnsupportedMedia
-from shared.inputs.base import InputKind, Payload, json_body, json_type
+from shared.inputs.base import InputKind, Payload, json_type
 from shared.settings import Settings
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _UTF8 = ("utf-8", "utf8")
+# The characters str.isspace() counts, spelled out so that every regex dialect (JSON Schema's, Python's) reads
+# the same set; tests compare it with isspace() over all of Unicode.
+SPACE_CLASS = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# What check_text accepts besides its length: something other than whitespace, and no NUL anywhere.
+TEXT_PATTERN = rf"^[^\x00]*[^\x00{SPACE_CLASS}][^\x00]*$"
 
 
 class TextInput(BaseModel):
@@ -69,11 +74,9 @@ def _charset(content_type: str) -> str | None:
     return None
 
 
-def openapi(spec: TextInput | None = None) -> dict[str, dict[str, Any]]:
-    text: dict[str, Any] = {"type": "string", "minLength": 1}
-    if spec is not None:
-        text["maxLength"] = spec.max_chars
-    return {"application/json": json_body(text), "text/plain": {"schema": text}}
+def openapi(spec: TextInput) -> dict[str, dict[str, Any]]:
+    text = {"type": "string", "minLength": 1, "maxLength": spec.max_chars, "pattern": TEXT_PATTERN}
+    return {"application/json": text, "text/plain": dict(text)}
 
 
 KIND = InputKind(
