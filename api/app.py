@@ -14,7 +14,7 @@ from redis import Redis
 from api import errors
 from api.deps import AppState
 from api.events import EventHub
-from api.routers import health, jobs, models
+from api.routers import deployment, health, jobs, models
 from shared.errors import ConfigError
 from shared.jobs import QueueCache
 from shared.models import load_model_configs
@@ -71,5 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(health.router)
     app.include_router(models.router)
+    # Before jobs.router: a model's own submit path, not the catch-all for unknown models, takes its jobs.
+    app.include_router(deployment.router_for(settings, model_configs))
     app.include_router(jobs.router)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import redis as redis_py
 from api.app import create_app
 from shared import keys
 from shared.errors import ConfigError
-from shared.inputs import KINDS, JsonInput, TensorInput, TextInput, request_body
+from shared.inputs import KINDS, JsonInput, TensorInput, TextInput
+from shared.inputs.text import SPACE_CLASS, TEXT_PATTERN
 from shared.models import load_model_config
 from shared.settings import Settings
 
@@ -289,31 +291,50 @@ def test_tensor_submissions_are_unchanged(settings: Settings, redis: redis_py.Re
     assert stored(redis, response) == (b'{"inputs": [1, 2.5]}', b"application/json")
 
 
-def test_openapi_describes_every_kind(settings: Settings, redis: redis_py.Redis) -> None:
-    document = call(settings, "GET", "/openapi.json").json()
-    body = document["paths"]["/v1/models/{model}/jobs"]["post"]["requestBody"]
-    assert body == request_body()
-    assert sorted(body["content"]) == ["application/json", "image/*", "multipart/form-data", "text/plain"]
-    json_body = body["content"]["application/json"]["schema"]
-    assert json_body["properties"]["inputs"] == {
-        "oneOf": [{"type": "array", "items": {}}, {"type": "string", "minLength": 1}, {"type": "object"}]
+def test_openapi_gives_each_model_its_own_body(settings: Settings, redis: redis_py.Redis) -> None:
+    paths = call(settings, "GET", "/openapi.json").json()["paths"]
+    assert "/v1/models/{model}/jobs" not in paths
+    bodies = {name: paths[f"/v1/models/{name}/jobs"]["post"]["requestBody"]["content"] for name in CONFIGS}
+    assert {name: sorted(body) for name, body in bodies.items()} == {
+        "anything": ["application/json"],
+        "pair": ["application/json"],
+        "person": ["application/json"],
+        "sentiment": ["application/json", "text/plain"],
     }
-    assert sorted(json_body["properties"]) == ["inputs", "result_ttl", "ttl", "webhook"]
-    assert json_body["additionalProperties"] is False
-    assert body["content"]["text/plain"] == {"schema": {"type": "string", "minLength": 1}}
+    text = {"type": "string", "minLength": 1, "maxLength": 50, "pattern": TEXT_PATTERN}
+    assert bodies["sentiment"]["text/plain"] == {"schema": text}
+    sentiment = bodies["sentiment"]["application/json"]["schema"]
+    assert {key: sentiment[key] for key in ("required", "additionalProperties")} == {
+        "required": ["inputs"],
+        "additionalProperties": False,
+    }
+    assert sentiment["properties"]["inputs"] == {**text, "title": "Inputs"}
+    # The documented ttl is there, with the limits the API applies.
+    assert sorted(sentiment["properties"]) == ["inputs", "result_ttl", "ttl", "webhook"]
+    assert sentiment["properties"]["ttl"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 3600}
+    person = bodies["person"]["application/json"]["schema"]["properties"]["inputs"]
+    assert person == {**AGE_SCHEMA, "title": "Inputs"}
+    number = {"type": "number", "minimum": -3.4028234663852886e38, "maximum": 3.4028234663852886e38}
+    pair = bodies["pair"]["application/json"]["schema"]["properties"]["inputs"]
+    assert pair == {"type": "array", "minItems": 2, "maxItems": 2, "items": number, "title": "Inputs"}
 
 
-def test_each_kind_describes_one_models_body() -> None:
+def test_each_kind_describes_one_models_input() -> None:
     assert sorted(KINDS) == ["image", "json", "tensor", "text"]
     text = KINDS["text"].openapi(TextInput(max_chars=50))
-    assert text["text/plain"] == {"schema": {"type": "string", "minLength": 1, "maxLength": 50}}
+    assert text["text/plain"] == {"type": "string", "minLength": 1, "maxLength": 50, "pattern": TEXT_PATTERN}
     tensor = KINDS["tensor"].openapi(TensorInput(shape=[2, 3], dtype="int64"))
-    row = {"type": "array", "minItems": 3, "maxItems": 3, "items": {"type": "integer"}}
-    assert tensor["application/json"]["schema"]["properties"]["inputs"] == {
-        "type": "array", "minItems": 2, "maxItems": 2, "items": row
-    }  # fmt: skip
+    number = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+    row = {"type": "array", "minItems": 3, "maxItems": 3, "items": number}
+    assert tensor["application/json"] == {"type": "array", "minItems": 2, "maxItems": 2, "items": row}
     person = KINDS["json"].openapi(JsonInput.model_validate({"schema": AGE_SCHEMA}))
-    assert person["application/json"]["schema"]["properties"]["inputs"] == AGE_SCHEMA
+    assert person["application/json"] == AGE_SCHEMA
+
+
+def test_the_text_pattern_spells_out_exactly_what_isspace_counts() -> None:
+    space = re.compile(f"[{SPACE_CLASS}]")
+    every = [chr(point) for point in range(0x110000)]
+    assert [char for char in every if space.match(char)] == [char for char in every if char.isspace()]
 
 
 # tensor numbers the model's dtype cannot hold

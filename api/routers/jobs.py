@@ -9,15 +9,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import Owner
 from api.deps import AppState, Model, State
-from api.inputs import parse_submission, parse_wait, prefer_wait, read_body
-from api.schemas import ERRORS, JobAccepted, JobPublic
-from shared.inputs import request_body
+from api.inputs import parse_submission, prefer_wait, read_body
+from api.schemas import ERRORS, JobPublic
 from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
 from shared.urls import check_webhook_target_async
 
@@ -25,9 +24,6 @@ router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
 RECHECK_S = 5.0
 SSE_KEEPALIVE_S = 15.0
-
-# Assembled from the input kinds' own descriptions: what any model here may take.
-_SUBMIT_BODY = {"requestBody": request_body()}
 
 
 def _urls(request: Request, job_id: str) -> dict[str, str]:
@@ -63,13 +59,9 @@ async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: st
     return view
 
 
-@router.post(
-    "/v1/models/{model}/jobs",
-    status_code=202,
-    response_model=JobAccepted,
-    responses={200: {"model": JobPublic, "description": "finished within Prefer: wait"}, **ERRORS},
-    openapi_extra=_SUBMIT_BODY,
-)
+# Each model's own path, with its own request body, is in the schema (api/routers/deployment.py); this one
+# answers the rest: an unknown model's 404.
+@router.post("/v1/models/{model}/jobs", status_code=202, include_in_schema=False)
 async def submit_job(
     request: Request,
     config: Model,
@@ -111,15 +103,9 @@ async def submit_job(
     return JSONResponse(accepted, status_code=202, headers=headers)
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobPublic, responses=ERRORS)
-async def get_job(
-    job_id: str,
-    state: State,
-    owner: Owner,
-    wait: Annotated[str | None, Query(description="seconds to hold the request until the job ends")] = None,
-) -> dict[str, Any]:
+# Routed in api/routers/deployment.py, where ?wait= is declared with this deployment's cap.
+async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dict[str, Any]:
     """The job's status, and its result or error once it ended."""
-    wait_s = parse_wait(wait, state.settings.max_wait_s, "wait")
     if wait_s > 0:
         return await wait_for_end(state, job_id, wait_s, owner)
     return await _view(state, job_id, owner)
