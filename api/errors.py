@@ -1,4 +1,7 @@
-"""Where errors become HTTP responses: ``{"error": {"code", "message"}}``, nothing else leaks."""
+"""Where errors become HTTP responses: ``{"error": {"code", "message"}}``, nothing else leaks.
+
+Under ``/v2`` (the Open Inference Protocol) the body is the protocol's flat ``{"error": "message"}``.
+"""
 
 from __future__ import annotations
 
@@ -35,13 +38,21 @@ _HTTP_CODES = {
 
 
 def error_response(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    flat: bool = False,
+    **extra: Any,
 ) -> JSONResponse:
-    """The one error shape; ``headers`` (those an exception carried) win over the defaults."""
+    """The one error shape (``flat``: the /v2 one); ``headers`` (those an exception carried) win over the defaults."""
     defaults = {"Retry-After": "1"} if status in (429, 503) else {}
     if status == 401:
         defaults = {"WWW-Authenticate": "Bearer"}
-    body = {"error": {"code": code, "message": message, **extra}}
+    body: dict[str, Any] = (
+        {"error": message, **extra} if flat else {"error": {"code": code, "message": message, **extra}}
+    )
     return JSONResponse(body, status, headers={**defaults, **(headers or {})})
 
 
@@ -50,6 +61,13 @@ def status_for(exc: errors.AppError) -> int:
         if cls in STATUS:
             return STATUS[cls]
     return 500
+
+
+def is_protocol_path(request: Request) -> bool:
+    """A /v2 (Open Inference Protocol) path: its clients read ``{"error": "..."}``; tritonclient's own exception
+    fails to print a nested error object."""
+    path = request.url.path
+    return path == "/v2" or path.startswith("/v2/")
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -61,28 +79,30 @@ def install(app: FastAPI) -> None:
     """Register the one place that maps exceptions to responses."""
 
     @app.exception_handler(errors.AppError)
-    async def app_error(_: Request, exc: errors.AppError) -> JSONResponse:
-        return error_response(status_for(exc), exc.code, exc.message)
+    async def app_error(request: Request, exc: errors.AppError) -> JSONResponse:
+        return error_response(status_for(exc), exc.code, exc.message, flat=is_protocol_path(request))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [_describe(e) for e in exc.errors()]
-        return error_response(422, "invalid_request", "; ".join(details) or "invalid request")
+        message = "; ".join(details) or "invalid request"
+        return error_response(422, "invalid_request", message, flat=is_protocol_path(request))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         # Starlette's 405 carries Allow (RFC 9110 requires it); any header an exception sets is part of its answer.
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers, flat=is_protocol_path(request))
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
-    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
+    async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         # The message may carry the Redis URL; never echo it.
         log.warning("Redis unavailable: %s", type(exc).__name__)
-        return error_response(503, "unavailable", "the job store is unavailable; retry shortly")
+        message = "the job store is unavailable; retry shortly"
+        return error_response(503, "unavailable", message, flat=is_protocol_path(request))
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error_response(500, "internal_error", "internal server error")
+        return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))

@@ -1,0 +1,172 @@
+"""The Open Inference Protocol v2 (REST) over inferq's jobs, so Triton's and KServe's clients work unchanged.
+
+An infer request is an ordinary job: checked by the model's input kind like a /v1 submit, queued on the
+model's queue (batched with everything else, visible in ``rq info``), then waited for up to ``max_wait_s``.
+inferq's extension for asynchronous use: ``Prefer: respond-async`` answers 202 with the job's ID and
+``Location``, and the job is read through /v1/jobs/{id}. Errors are the protocol's ``{"error": "..."}``
+(api/errors.py). These routes follow the protocol's own specification, not /openapi.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from api import oip
+from api.auth import Owner
+from api.deps import Model, State
+from api.errors import error_response
+from api.inputs import prefer_wait, read_body
+from api.routers.jobs import wait_for_end
+from api.routers.models import live_workers
+from shared.errors import InvalidInput, NotFound, UnsupportedMedia
+from shared.inputs import input_kind
+from shared.jobs import Submission, enqueue_job, isoformat, public_status
+from shared.models import ModelConfig
+from shared.settings import Settings
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol"], include_in_schema=False)
+SERVER_NAME = "inferq"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "inferq_respond_async"]
+# A job that ended without a result, as an infer call's answer: (status, what the caller reads).
+_ENDED = {
+    "failed": (500, "failed"),
+    "canceled": (409, "was canceled"),
+    "expired": (503, "expired in its queue: no worker took it before its deadline"),
+}
+
+
+def _version(version: str) -> None:
+    if version != oip.VERSION:
+        raise NotFound(f"model version {version[:50]!r} does not exist; inferq serves version {oip.VERSION} only")
+
+
+Versioned = Depends(_version)
+
+
+@router.get("/health/live")
+async def live() -> dict[str, bool]:
+    """The process is up."""
+    return {"live": True}
+
+
+@router.get("/health/ready")
+async def ready(state: State) -> dict[str, bool]:
+    """Redis answers (503 otherwise)."""
+    await run_in_threadpool(state.redis.ping)
+    return {"ready": True}
+
+
+@router.get("")
+async def server_metadata() -> dict[str, Any]:
+    """The server's name, version and protocol extensions."""
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+
+@router.get("/models/{model}")
+@router.get("/models/{model}/versions/{version}", dependencies=[Versioned])
+async def model_metadata(config: Model, owner: Owner) -> dict[str, Any]:
+    """The model's input and outputs, with datatypes and shapes."""
+    return oip.metadata(config)
+
+
+@router.get("/models/{model}/ready")
+@router.get("/models/{model}/versions/{version}/ready", dependencies=[Versioned])
+async def model_ready(config: Model, state: State, owner: Owner) -> Response:
+    """200 while a worker serves the model; 400 (the protocol's "false") while its jobs would only wait."""
+    workers = await run_in_threadpool(live_workers, state, [config.name])
+    if workers[config.name]:
+        return JSONResponse({"name": config.name, "ready": True})
+    message = f"model {config.name} has no live worker: its jobs wait in its queue until one starts"
+    return error_response(400, "not_ready", message, flat=True)
+
+
+def _prefers_async(prefer: str | None) -> bool:
+    tokens = (part.split("=")[0].strip().lower() for part in (prefer or "").replace(";", ",").split(","))
+    return "respond-async" in tokens
+
+
+def _submission(config: ModelConfig, settings: Settings, value: Any) -> Submission:
+    """The request's input checked by the model's input kind, as a /v1 submit is."""
+    kind = input_kind(config.input)
+    if isinstance(value, bytes):
+        if kind.from_bytes is not None:
+            # The kind's own raw media type: application/octet-stream for images, text/plain for text.
+            media_type = next(media for media in kind.media_types if not media.endswith("/*"))
+            payload = kind.from_bytes(config.input, value, media_type, config.name, settings)
+        else:
+            assert kind.from_json is not None
+            try:
+                document = json.loads(value)
+            except (ValueError, RecursionError) as exc:
+                raise InvalidInput(f"input {kind.name!r} must hold a JSON document: {exc}") from None
+            payload = kind.from_json(config.input, document, config.name, settings)
+    else:
+        assert kind.from_json is not None
+        payload = kind.from_json(config.input, value, config.name, settings)
+    return Submission(config.name, payload.data, payload.content_type)
+
+
+@router.post("/models/{model}/infer")
+@router.post("/models/{model}/versions/{version}/infer", dependencies=[Versioned])
+async def infer(
+    request: Request,
+    config: Model,
+    state: State,
+    owner: Owner,
+    prefer: Annotated[str | None, Header()] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """Run one item through the model as a job and answer with its outputs (202 with its ID if asked)."""
+    settings = state.settings
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise UnsupportedMedia(f"Content-Encoding {encoding[:20]} is not supported: send the request uncompressed")
+    respond_async = _prefers_async(prefer)
+    # Without respond-async the call waits as long as the deployment lets it; wait=N shortens that.
+    wait_s = prefer_wait(prefer, settings.max_wait_s) or (0.0 if respond_async else settings.max_wait_s)
+    body = await read_body(request, settings.max_body_bytes)
+    parsed = await run_in_threadpool(oip.parse_request, config, body, request.headers.get(oip.HEADER_LENGTH))
+    submission = replace(
+        await run_in_threadpool(_submission, config, settings, parsed.value),
+        retries=config.retries,
+        max_queue_length=config.max_queue_length,
+        idempotency_key=idempotency_key or None,
+        owner=owner,
+    )
+    job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
+    location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
+    view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
+    if view is not None and view["status"] == "finished":
+        content, headers = await run_in_threadpool(oip.encode_response, config, parsed, job.id, view["result"])
+        return Response(content, 200, headers=headers)
+    if respond_async:
+        accepted = {
+            "id": job.id,
+            "status": view["status"] if view else public_status(job.status),
+            "model": config.name,
+            "created_at": isoformat(job.created_at),
+            "urls": {
+                name: f"{location}{suffix}"
+                for name, suffix in (("self", ""), ("events", "/events"), ("cancel", "/cancel"))
+            },
+        }
+        return JSONResponse(accepted, 202, headers={"Location": location, "Preference-Applied": "respond-async"})
+    assert view is not None
+    headers = {"Location": location}
+    if view["status"] in _ENDED:
+        status, what = _ENDED[view["status"]]
+        reason = f": {view['error']}" if view.get("error") and view["status"] != "expired" else ""
+        message = f"job {job.id} {what}{reason}"
+        return error_response(status, view["status"], message, headers, flat=True, job_id=job.id)
+    message = (
+        f"job {job.id} is still {view['status']} after {wait_s:g} s; it goes on: read it at {location}, "
+        "or send Prefer: respond-async to be answered at once"
+    )
+    return error_response(504, "timeout", message, headers, flat=True, job_id=job.id)
