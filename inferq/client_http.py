@@ -1,0 +1,153 @@
+"""How the SDK's calls are made and read, the same for ``Client`` and ``AsyncClient``: each call's request, an
+upload's bytes, error bodies as exceptions, Server-Sent Events, and when to retry."""
+
+from __future__ import annotations
+
+import io
+import mimetypes
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferq.client_types import InvalidModel, Job, JobFailed, Model, ModelList, Retry, build, error_class, retry_after_s
+
+
+@dataclass
+class Call:
+    """One request the SDK makes, before it is sent."""
+
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    json: Any = None
+    data: dict[str, str] | None = None
+    files: dict[str, tuple[str, bytes, str]] | None = None
+    timeout_s: float | None = None
+    # Safe to send twice (a GET, or a submit with its Idempotency-Key); otherwise retried only when never sent.
+    repeatable: bool = True
+
+
+def upload(value: Any) -> tuple[str, bytes, str]:
+    """(file name, bytes, content type) of a path, bytes, a binary file object, or a PIL image."""
+    if isinstance(value, str | os.PathLike):
+        path = Path(value)
+        return path.name, path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "upload", bytes(value), "application/octet-stream"
+    if hasattr(value, "read"):
+        name = Path(str(getattr(value, "name", "upload"))).name
+        return name, value.read(), mimetypes.guess_type(name)[0] or "application/octet-stream"
+    if hasattr(value, "save"):  # a PIL image
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG")
+        return "image.png", buffer.getvalue(), "image/png"
+    raise TypeError(f"cannot upload a {type(value).__name__}: give a path, bytes, a binary file or a PIL image")
+
+
+def submit_call(model: str, options: dict[str, Any], wait_s: float = 0) -> Call:
+    file, image, inputs = options.pop("file"), options.pop("image"), options.pop("inputs")
+    if sum(value is not None for value in (file, image, inputs)) != 1:
+        raise TypeError("submit takes exactly one of file=, image= or inputs=")
+    headers = {"Idempotency-Key": options.pop("idempotency_key") or uuid.uuid4().hex}
+    if wait_s > 0:
+        headers["Prefer"] = f"wait={wait_s:g}"
+    chosen = {name: value for name, value in options.items() if value is not None}
+    call = Call("POST", f"/v1/models/{model}/jobs", headers=headers, timeout_s=wait_s or None)
+    if inputs is not None:
+        call.json = {"inputs": inputs, **chosen}
+    else:
+        call.files = {"file": upload(file if file is not None else image)}
+        call.data = {name: str(value) for name, value in chosen.items()}
+    return call
+
+
+def raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    code, message = "http_error", response.text[:300] or response.reason_phrase
+    try:
+        error = response.json()["error"]
+        code, message = (error["code"], error["message"]) if isinstance(error, dict) else (code, str(error))
+    except (ValueError, KeyError, TypeError):
+        pass
+    cls = error_class(code, response.status_code)
+    wait = retry_after_s(response.headers.get("retry-after"))
+    raise cls(message, status=response.status_code, code=code, retry_after_s=wait)
+
+
+def finished(job: Job) -> Job:
+    if job.status != "finished":
+        raise JobFailed(job)
+    return job
+
+
+class SSE:
+    """Server-Sent Events, line by line: each complete event's (name, data)."""
+
+    def __init__(self) -> None:
+        self.event, self.data = "message", []  # type: tuple[str, list[str]]
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        if not line:
+            done = (self.event, "\n".join(self.data)) if self.data else None
+            self.event, self.data = "message", []
+            return done
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+
+class Base:
+    def __init__(
+        self, base_url: str, api_key: str | None, timeout: float, retry: Retry | None, max_wait_s: float
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = retry or Retry()
+        # The longest wait one request asks of the API (INFERQ_MAX_WAIT_S there, 60 s by default).
+        self.max_wait_s = max_wait_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def _kwargs(self, call: Call) -> dict[str, Any]:
+        timeout = self.timeout + (call.timeout_s or 0)
+        headers = self._headers | call.headers
+        return {"params": call.params, "headers": headers, "json": call.json, "data": call.data, "timeout": timeout}
+
+    def _delay(self, call: Call, attempt: int, outcome: httpx.Response | httpx.TransportError) -> float | None:
+        """Seconds before retrying ``call`` after ``outcome``; None: do not retry."""
+        if attempt >= self.retry.attempts:
+            return None
+        if isinstance(outcome, httpx.TransportError):
+            unsent = isinstance(outcome, httpx.ConnectError | httpx.ConnectTimeout)
+            return self.retry.delay_s(attempt) if call.repeatable or unsent else None
+        if outcome.status_code not in (429, 503):
+            return None
+        return self.retry.delay_s(attempt, outcome.headers.get("retry-after"))
+
+    def _wait_call(self, job_id: str, wait_s: float) -> Call:
+        return Call(
+            "GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:.3f}"} if wait_s > 0 else None, timeout_s=wait_s
+        )
+
+    def _events_timeout(self) -> httpx.Timeout:
+        # The API sends a keep-alive comment every 15 s while the job runs.
+        return httpx.Timeout(self.timeout, read=max(self.timeout, 30.0))
+
+
+def events_path(job_id: str) -> str:
+    return f"/v1/jobs/{job_id}/events"
+
+
+def model_list(data: Mapping[str, Any]) -> ModelList:
+    models = [build(Model, model) for model in data.get("models", [])]
+    return ModelList(models, [build(InvalidModel, item) for item in data.get("invalid", [])])

@@ -1,0 +1,274 @@
+"""What inferq's SDK returns and raises: results mirroring the API's schemas, one error tree, the retry policy.
+
+Import them from ``inferq.client``, which re-exports every name here.
+
+    InferqError
+     ├── TransportError          the API could not be reached, after retries
+     ├── APIError                the API answered an error: .status, .code, .message, .retry_after_s
+     │    ├── InvalidInput            400, 422 (invalid_input, invalid_request)
+     │    │    └── UnsupportedMedia   415
+     │    ├── Unauthorized            401
+     │    ├── NotFound                404
+     │    ├── Conflict                409
+     │    ├── PayloadTooLarge         413
+     │    ├── QueueFull               429
+     │    └── Unavailable             503
+     ├── JobFailed               wait()/run(): the job ended failed, canceled or expired; .job
+     ├── WaitTimeout             wait()/run(): the job had not ended in time (a TimeoutError too); .job
+     └── WebhookVerificationError  verify_webhook(): not a genuine, fresh delivery
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
+
+TERMINAL = ("finished", "failed", "canceled", "expired")
+
+
+# Errors.
+
+
+class InferqError(Exception):
+    """Base of every error the SDK raises."""
+
+
+class TransportError(InferqError):
+    """The API could not be reached (connection refused, timed out, cut off), after retries."""
+
+
+class APIError(InferqError):
+    """The API answered with an error body ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, message: str, *, status: int, code: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.message = message
+        self.status = status
+        self.code = code
+        # Seconds the API asked to wait before trying again (429, 503), when it said so.
+        self.retry_after_s = retry_after_s
+
+
+class InvalidInput(APIError):
+    """The request was refused as unusable (422, 400)."""
+
+
+class UnsupportedMedia(InvalidInput):
+    """Not a type the model takes (415)."""
+
+
+class Unauthorized(APIError):
+    """An API key is needed, and it was missing or wrong (401)."""
+
+
+class NotFound(APIError):
+    """No such model or job, or its result expired (404)."""
+
+
+class Conflict(APIError):
+    """The job's state forbids it, such as canceling an ended job (409)."""
+
+
+class PayloadTooLarge(APIError):
+    """The body is over the API's limit (413)."""
+
+
+class QueueFull(APIError):
+    """The model's queue is full (429); ``retry_after_s`` says when to try again."""
+
+
+class Unavailable(APIError):
+    """The API's job store is unreachable (503); ``retry_after_s`` says when to try again."""
+
+
+class JobFailed(InferqError):
+    """The job ended without a result: failed, canceled or expired. ``job`` is its view."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.id} {job.status}: {job.error or 'no reason given'}")
+        self.job = job
+
+
+class WaitTimeout(InferqError, TimeoutError):
+    """The job had not ended within the time given; it goes on. ``job`` is its last view."""
+
+    def __init__(self, job: Job, timeout_s: float) -> None:
+        super().__init__(f"job {job.id} is still {job.status} after {timeout_s:g} s")
+        self.job = job
+
+
+class WebhookVerificationError(InferqError):
+    """A webhook delivery whose signature does not match, or whose timestamp is missing, stale or in the future."""
+
+
+_BY_CODE: dict[str, type[APIError]] = {
+    "invalid_input": InvalidInput,
+    "invalid_request": InvalidInput,
+    "unsupported_media_type": UnsupportedMedia,
+    "unauthorized": Unauthorized,
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "payload_too_large": PayloadTooLarge,
+    "queue_full": QueueFull,
+    "unavailable": Unavailable,
+}
+_BY_STATUS = {400: InvalidInput, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: PayloadTooLarge}
+_BY_STATUS |= {415: UnsupportedMedia, 422: InvalidInput, 429: QueueFull, 503: Unavailable}
+
+
+def error_class(code: str, status: int) -> type[APIError]:
+    """The exception for an API error: by its code, else by its HTTP status."""
+    return _BY_CODE.get(code) or _BY_STATUS.get(status) or APIError
+
+
+# Results, mirroring the API's schemas (api/schemas.py); fields the API adds later are ignored.
+
+T = TypeVar("T")
+
+
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def build(cls: type[T], data: Mapping[str, Any], **parsed: Any) -> T:
+    """A result dataclass from the API's JSON, ``parsed`` values replacing raw ones; unknown fields are ignored."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{key: value for key, value in data.items() if key in names} | parsed)
+
+
+@dataclass(frozen=True)
+class JobUrls:
+    """Where to read, stream and cancel a job."""
+
+    self: str
+    events: str
+    cancel: str
+
+
+@dataclass(frozen=True)
+class WebhookAttempt:
+    """One delivery attempt of a job's webhook."""
+
+    attempt: int
+    at: str | None = None
+    status_code: int | None = None
+    response_bytes: int | None = None
+    error: str | None = None
+    outcome: str | None = None
+    next_attempt_in_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WebhookInfo:
+    """A job's webhook and its delivery attempts so far."""
+
+    url: str
+    attempts: list[WebhookAttempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the API shows it; a just-submitted job carries only id, status, model, created_at and urls."""
+
+    id: str
+    model: str
+    status: str
+    created_at: datetime | None = None
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    batch_size: int | None = None
+    worker: str | None = None
+    timings_ms: dict[str, float] | None = None
+    result: Any = None
+    error: str | None = None
+    expires_at: datetime | None = None
+    webhook: WebhookInfo | None = None
+    urls: JobUrls | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the job ended: finished, failed, canceled or expired."""
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
+        """A job from the API's JSON view."""
+        times = {name: _time(data.get(name)) for name in ("created_at", "enqueued_at", "started_at", "ended_at")}
+        hook = data.get("webhook")
+        webhook = None
+        if isinstance(hook, Mapping):
+            attempts = [build(WebhookAttempt, attempt) for attempt in hook.get("attempts") or []]
+            webhook = WebhookInfo(hook["url"], attempts)
+        urls = build(JobUrls, data["urls"]) if isinstance(data.get("urls"), Mapping) else None
+        expires = _time(data.get("expires_at"))
+        return build(cls, data, **times, expires_at=expires, webhook=webhook, urls=urls)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A served model: its input spec, labels, batch limit, queue and live workers."""
+
+    name: str
+    description: str = ""
+    handler: str = ""
+    input: dict[str, Any] = field(default_factory=dict)
+    labels: list[str] | None = None
+    max_batch: int = 0
+    queue: str = ""
+    queue_length: int = 0
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class InvalidModel:
+    """A model folder the API left out, and why."""
+
+    name: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """Every served model, and the model folders left out."""
+
+    models: list[Model]
+    invalid: list[InvalidModel]
+
+
+# Retries.
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How often and how patiently requests are retried: exponential backoff with jitter, at least Retry-After."""
+
+    attempts: int = 4  # tries in all
+    backoff_s: float = 0.5
+    # A Retry-After beyond this is not waited for: the error reaches the caller, who may try later.
+    max_delay_s: float = 30.0
+
+    def delay_s(self, attempt: int, retry_after: str | None = None) -> float | None:
+        """Seconds before try ``attempt + 1``; None when ``Retry-After`` asks for longer than ``max_delay_s``."""
+        backoff = min(self.backoff_s * 2 ** (attempt - 1), self.max_delay_s) * random.uniform(0.5, 1.0)
+        asked = retry_after_s(retry_after)
+        if asked is None:
+            return backoff
+        return None if asked > self.max_delay_s else max(asked, backoff)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP date; None if absent or unreadable."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
