@@ -44,6 +44,8 @@ NUMERIC = {
     "FP32": "<f4",
     "FP64": "<f8",
 }
+# What a tensor model's input may be sent as: its numbers are checked against the model's dtype afterwards.
+NUMBERS = {*NUMERIC, "BF16"} - {"BOOL"}
 _DATATYPE = {"float32": "FP32", "float64": "FP64", "int64": "INT64"}
 _SHARED_MEMORY = "shared memory is not available over inferq's HTTP API: send the tensor in the request"
 
@@ -190,7 +192,7 @@ def parse_request(config: ModelConfig, body: bytes, header_length: str | None) -
     if expected.datatype == "BYTES":
         value = flat[0]
     else:
-        if tensor.get("datatype") not in NUMERIC or tensor.get("datatype") == "BOOL":
+        if tensor.get("datatype") not in NUMBERS:
             raise InvalidInput(f"input {expected.name!r} must be a number type such as {expected.datatype}")
         value = _nest(flat, expected.shape)
     outputs = _outputs(config, header)
