@@ -64,8 +64,8 @@ def status_for(exc: errors.AppError) -> int:
 
 
 def is_protocol_path(request: Request) -> bool:
-    """A /v2 (Open Inference Protocol) path: its clients read ``{"error": "..."}``; tritonclient's own exception
-    fails to print a nested error object."""
+    """Whether the request is for a /v2 (Open Inference Protocol) path."""
+    # Its clients read {"error": "..."}: tritonclient's own exception fails to print a nested error object.
     path = request.url.path
     return path == "/v2" or path.startswith("/v2/")
 
