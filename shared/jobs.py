@@ -98,15 +98,19 @@ class Submission:
     idempotency_key: str | None = None
     # Who submitted it (a hash of the API key), so only they can see or cancel it.
     owner: str | None = None
+    # The model's queue it waits in: interactive work goes first, bulk fills in (keys.LANES).
+    lane: str = keys.INTERACTIVE
 
     @property
     def fingerprint(self) -> str:
         """What an Idempotency-Key's request must match: the input and every option the client chose."""
         # The options too: else a retry with another webhook got the old job and its webhook was
         # silently dropped. Retries, queue limit and owner come from the server, not the body.
-        options = json.dumps([self.model, self.content_type, self.webhook, self.result_ttl_s, self.deadline_s])
+        options: list[Any] = [self.model, self.content_type, self.webhook, self.result_ttl_s, self.deadline_s]
+        if self.lane != keys.INTERACTIVE:  # so keys stored before lanes existed still match
+            options.append(self.lane)
         # JSON escapes control characters: the NUL after it separates the two unambiguously.
-        return hashlib.sha256(options.encode() + b"\0" + self.payload).hexdigest()
+        return hashlib.sha256(json.dumps(options).encode() + b"\0" + self.payload).hexdigest()
 
 
 def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> store.Enqueued:
@@ -133,6 +137,7 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
     new = store.NewJob(
         id=job_id,
         model=submission.model,
+        lane=submission.lane,
         payload=submission.payload,
         info=info,
         queue_ttl_s=queue_ttl_s,

@@ -18,14 +18,25 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
-def queue_name(model: str) -> str:
-    """The RQ queue a model's jobs wait in."""
-    return f"{PREFIX}.{model}"
+# Every model has two queues, its lanes: interactive work goes first, bulk work fills in.
+INTERACTIVE, BULK = "interactive", "bulk"
+LANES = (INTERACTIVE, BULK)
+
+
+def queue_name(model: str, lane: str = INTERACTIVE) -> str:
+    """The RQ queue a model's jobs of one lane wait in: ``inferq.<model>``, ``inferq.<model>.bulk``."""
+    return f"{PREFIX}.{model}" if lane == INTERACTIVE else f"{PREFIX}.{model}.{lane}"
 
 
 def model_from_queue(name: str) -> str:
-    """The model a queue belongs to."""
-    return name.removeprefix(f"{PREFIX}.")
+    """The model a queue belongs to (model names have no dots)."""
+    return name.removeprefix(f"{PREFIX}.").split(".", 1)[0]
+
+
+def lane_of(name: str) -> str:
+    """The lane a queue is."""
+    rest = name.removeprefix(f"{PREFIX}.")
+    return rest.split(".", 1)[1] if "." in rest else INTERACTIVE
 
 
 def payload_key(job_id: str) -> str:

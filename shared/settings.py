@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     maintenance_interval_s: int = Field(default=15, ge=1)
     # How often a job is retried when the worker running it dies (models may override).
     job_retries: int = Field(default=2, ge=0, le=10)
+    # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
+    bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
 
     @field_validator("api_keys", "cors_origins", "webhook_allow", mode="before")
     @classmethod

@@ -125,7 +125,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     items = worker._start(queue, worker._collect(queue, held, 4))
     store.give_back(redis, layout.queue_keys(queue.name), [i.job for i in items], worker.name)
     store.announce_failed(redis, settings, [finished])
-    store.claim(redis, [queue.name, "inferq.other"], 0, None)
+    store.claim(redis, [queue.name, "inferq.other"], None)
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"
 

@@ -60,7 +60,7 @@ class BatchWorker(SimpleWorker):
         name: str | None = None,
     ) -> None:
         super().__init__(
-            [keys.queue_name(model) for model in runners],
+            [keys.queue_name(model, lane) for lane in keys.LANES for model in runners],
             name=name,
             connection=connection,
             serializer=JSONSerializer,
@@ -76,7 +76,10 @@ class BatchWorker(SimpleWorker):
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
-        self._turn = 0  # which queue a multi-queue worker tries first on its next claim
+        self._turn = 0  # which model a multi-model worker tries first on its next claim
+        # Interactive batches since the bulk lane last went first; every `_bulk_every`-th batch it does.
+        self._since_bulk = 0
+        self._bulk_every = max(1, round(1 / settings.bulk_share))
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -169,13 +172,27 @@ class BatchWorker(SimpleWorker):
                 wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
 
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
-        """The next job, moved into its queue's intermediate list in one step; None when empty (burst)."""
-        claimed = store.claim(self.connection, [q.name for q in self.queues], self._turn, timeout)
+        """The next job, moved into its queue's intermediate list in one step; None when empty (burst).
+
+        Interactive lanes first, models in turn; the bulk lanes fill in when no interactive work waits,
+        and go first on every ``_bulk_every``-th batch, so steady interactive load never starves them.
+        """
+        models = len(self.runners)
+        turn = self._turn % models
+        interactive, bulk = self.queues[:models], self.queues[models:]
+        interactive = interactive[turn:] + interactive[:turn]
+        bulk = bulk[turn:] + bulk[:turn]
+        bulk_first = self._since_bulk + 1 >= self._bulk_every
+        order = bulk + interactive if bulk_first else interactive + bulk
+        block_on = self.queues[0].name if models == 1 else None
+        claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
         if claimed is None:
             return None
-        job_id, position = claimed
-        self._turn = position + 1  # the next claim starts after the queue just served
-        return job_id, self.queues[position]
+        job_id, name = claimed
+        queue = next(q for q in self.queues if q.name == name)
+        self._since_bulk = 0 if keys.lane_of(name) == keys.BULK else self._since_bulk + 1
+        self._turn = list(self.runners).index(keys.model_from_queue(name)) + 1  # next claim starts after it
+        return job_id, queue
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
         # Short, and refreshed while a batch runs: a killed worker's jobs are found quickly.

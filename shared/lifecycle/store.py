@@ -31,8 +31,11 @@ from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
 from shared.settings import Settings
 
-# How long an idle worker serving several queues waits between claims, at most.
+# How long an idle worker serving several models waits between claims, at most.
 MULTI_QUEUE_POLL_S = 0.02
+# How long an idle worker serving one model blocks on its interactive queue before it looks at the
+# bulk lane again: the most an idle worker adds to a bulk job's wait.
+BLOCK_SLICE_S = 0.5
 _TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed", "canceled": "canceled"}
 
 
@@ -60,6 +63,7 @@ class NewJob:
 
     id: str
     model: str
+    lane: str
     payload: bytes
     info: dict[str, Any]
     queue_ttl_s: int
@@ -77,7 +81,7 @@ class NewJob:
 
 def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
     """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
-    queue = layout.offline_queue(keys.queue_name(new.model))
+    queue = layout.offline_queue(keys.queue_name(new.model, new.lane))
     job = queue.create_job(
         layout.INFER_FUNC,
         kwargs={"model": new.model},
@@ -174,39 +178,41 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
 
 
 # -- the worker's side --------------------------------------------------------------------------
-def claim(connection: Redis, queue_names: Sequence[str], turn: int, timeout: int | None) -> tuple[str, int] | None:
-    """Move the next job into its queue's intermediate list in one step: (job id, queue position).
+def claim(
+    connection: Redis, queue_names: Sequence[str], timeout: float | None, block_on: str | None = None
+) -> tuple[str, str] | None:
+    """Move the first waiting job of ``queue_names`` (tried in that order) into its intermediate list.
 
-    None when all are empty and ``timeout`` is None; DequeueTimeout when ``timeout`` passes. One
-    queue: RQ's own blocking BLMOVE. Several: one script moves the first waiting job, starting at
-    ``turn`` so each model gets its turn, polled with a short backoff while all are empty (Redis has
-    no blocking move from several lists; RQ falls back to BLPOP, which leaves a popped job in no list).
+    Returns (job id, queue name); None when all are empty and ``timeout`` is None; DequeueTimeout when
+    ``timeout`` passes. One script moves the job, so a worker killed at any moment leaves it in a list
+    RQ's maintenance reads (RQ's own several-queue dequeue falls back to BLPOP, which leaves a popped
+    job in no list). Redis cannot block on several lists and move atomically, so while all are empty:
+    with ``block_on`` (a worker's one interactive queue) a blocking BLMOVE on it, woken at once by
+    interactive work and returning every ``BLOCK_SLICE_S`` to look at the others; else a poll with a
+    backoff of at most ``MULTI_QUEUE_POLL_S``.
     """
-    if len(queue_names) == 1:
-        qk = layout.queue_keys(queue_names[0])
-        job_id: Any
-        if timeout is None:
-            job_id = connection.lmove(qk.queue, qk.intermediate)
-        else:
-            job_id = connection.blmove(qk.queue, qk.intermediate, timeout)
-            if job_id is None:
-                raise DequeueTimeout(timeout, qk.queue)
-        return (_text(job_id), 0) if job_id is not None else None
-    turn %= len(queue_names)
-    order = list(range(turn, len(queue_names))) + list(range(turn))
-    pairs = [(layout.queue_keys(queue_names[i]).queue, layout.queue_keys(queue_names[i]).intermediate) for i in order]
+    pairs = [(layout.queue_keys(n).queue, layout.queue_keys(n).intermediate) for n in queue_names]
     deadline = time.monotonic() + (timeout or 0)
     pause_s = 0.001
     while True:
         found = scripts.CLAIM_FIRST(connection, [], pairs)
         if found:
             position, found_id = found
-            return _text(found_id), order[int(position) - 1]
+            return _text(found_id), queue_names[int(position) - 1]
         if timeout is None:
             return None
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise DequeueTimeout(timeout, ",".join(p[0] for p in pairs))
-        time.sleep(pause_s)
+        if block_on is not None:
+            qk = layout.queue_keys(block_on)
+            # Redis takes a fractional timeout; redis-py's annotation says int.
+            slice_s: Any = max(0.01, min(left, BLOCK_SLICE_S))
+            job_id = cast(bytes | None, connection.blmove(qk.queue, qk.intermediate, slice_s))
+            if job_id is not None:
+                return _text(job_id), block_on
+            continue
+        time.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
 
 
