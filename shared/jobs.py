@@ -37,8 +37,11 @@ _STATUS_MAP = {
 
 
 def new_job_id() -> str:
-    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``."""
-    return secrets.token_urlsafe(18)
+    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``, never one a bulk batch's chunk could have."""
+    while True:
+        job_id = secrets.token_urlsafe(18)
+        if not keys.is_chunk(job_id):
+            return job_id
 
 
 def public_status(rq_status: str | None) -> str:

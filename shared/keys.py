@@ -58,3 +58,35 @@ def idempotency_key(owner: str, key: str) -> str:
     """The job an Idempotency-Key created, per API key owner: "<job id> <body fingerprint>"."""
     digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
     return f"{PREFIX}:idem:{digest}"
+
+
+# A bulk batch's items travel in chunks, each an RQ job "batch-<batch id>-<n>" in the model's lane;
+# single job ids never start with this prefix (``shared.jobs.new_job_id``).
+CHUNK_PREFIX = "batch-"
+
+
+def batch_key(batch_id: str) -> str:
+    """A hash of one bulk batch: its model, options and item counts."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_results_key(batch_id: str) -> str:
+    """A list of the batch's result lines (JSON), in the order items ended."""
+    return f"{PREFIX}:batch:{batch_id}:results"
+
+
+def batch_chunks_key(batch_id: str) -> str:
+    """A list of the batch's chunk job ids."""
+    return f"{PREFIX}:batch:{batch_id}:chunks"
+
+
+def chunk_id(batch_id: str, number: int) -> str:
+    return f"{CHUNK_PREFIX}{batch_id}-{number}"
+
+
+def is_chunk(job_id: str) -> bool:
+    return job_id.startswith(CHUNK_PREFIX)
+
+
+def batch_of_chunk(job_id: str) -> str:
+    return job_id.removeprefix(CHUNK_PREFIX).rsplit("-", 1)[0]

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     maintenance_interval_s: int = Field(default=15, ge=1)
     # How often a job is retried when the worker running it dies (models may override).
     job_retries: int = Field(default=2, ge=0, le=10)
+    # How long a bulk batch's items may wait to run, and the largest upload.
+    batch_window_s: int = Field(default=86400, ge=60)
+    max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
     bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
 

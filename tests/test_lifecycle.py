@@ -17,8 +17,9 @@ import redis as redis_py
 from rq.serializers import JSONSerializer
 
 from shared import keys
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.lifecycle import layout, scripts, store
+from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view, new_job_id
+from shared.lifecycle import bulk, layout, scripts, store
+from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.rqjson import JSONJob
 from shared.settings import Settings
 from tests.test_batching import _runner
@@ -116,8 +117,14 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     expired = _submit(redis, settings)
     redis.delete(JSONJob.key_for(expired))
     redis.hset(keys.info_key(expired), "deadline", f"{time.time() - 1:.3f}")
+    items = [BulkItem(f"c{i}", json.dumps({"inputs": [i, i]}).encode(), "application/json") for i in range(6)]
+    batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, idempotency=("inferq:idem:b", "x y"))
+    bulk.enqueue_batch(redis, settings, batch)
     worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="declared")
     worker.work(burst=True)
+    canceled_batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items)
+    bulk.enqueue_batch(redis, settings, canceled_batch)
+    bulk.cancel_batch(redis, settings, canceled_batch.id)
     held = _submit(redis, settings)
     queue = worker.queues[0]
     redis.lmove(queue.key, queue.intermediate_queue_key)

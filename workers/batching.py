@@ -14,6 +14,7 @@ the batch, one MULTI that finishes it.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -31,8 +32,8 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys
-from shared.lifecycle import layout, store
-from shared.lifecycle.store import Outcome
+from shared.lifecycle import bulk, layout, store
+from shared.lifecycle.store import Claimed, Outcome
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.running import BatchReport, BatchTimeout, Item, ModelRunner, run_batch
@@ -279,7 +280,7 @@ class BatchWorker(SimpleWorker):
         ttl_s = self.settings.heartbeat_ttl_s
         job_ttl_s = self._running_job_ttl_s()
         qk = layout.queue_keys(queue.name)
-        jobs = [item.job for item in items]
+        jobs = _jobs(items)
         while not stop.wait(ttl_s / 3):
             try:
                 with self.connection.pipeline(transaction=False) as pipe:
@@ -292,7 +293,7 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        back = store.give_back(self.connection, layout.queue_keys(queue.name), [i.job for i in items], self.name)
+        back = store.give_back(self.connection, layout.queue_keys(queue.name), _jobs(items), self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
@@ -320,6 +321,8 @@ class BatchWorker(SimpleWorker):
         # a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
         qk = layout.queue_keys(queue.name)
+        if keys.is_chunk(first_id):
+            return [first_id]  # a bulk chunk holds up to max_batch items: a batch of its own
         job_ids = [first_id, *store.pop(self.connection, qk, max_batch - 1)]
         self._held = (queue, job_ids)
         while len(job_ids) < max_batch and time.monotonic() < deadline and not self._stop_requested:
@@ -351,7 +354,18 @@ class BatchWorker(SimpleWorker):
             )
         if result.dropped:
             log.info("worker %s: %d canceled job(s) dropped from the batch", self.name, len(result.dropped))
-        return [Item(job, job.payload, job.info.get("content_type", ""), info=dict(job.info)) for job in result.jobs]
+        items = []
+        for job in result.jobs:
+            if "batch" not in job.info:
+                items.append(Item(job, job.payload, job.info.get("content_type", ""), info=dict(job.info)))
+                continue
+            try:
+                chunk = bulk.decode_chunk(job.payload or b"")
+            except (ValueError, KeyError, TypeError) as exc:  # never written by inferq's API
+                log.error("worker %s: bulk chunk %s is unreadable (%s)", self.name, job.id, exc)
+                chunk = []
+            items += [Item(job, i.payload, i.content_type, custom_id=i.custom_id) for i in chunk]
+        return items
 
     def _running_job_ttl_s(self) -> int:
         """A running job's hash outlives the job's timeout; the keep-alive extends it while the batch runs."""
@@ -362,9 +376,14 @@ class BatchWorker(SimpleWorker):
         """Store every result, move registries, publish events and queue webhooks: one transaction."""
         ended_at = now()
         outcomes = []
+        chunks: dict[str, list[Item]] = {}
         for item in items:
             item.job.ended_at = ended_at
-            outcomes.append(self._outcome(item, len(items), runner))
+            if item.custom_id is None:
+                outcomes.append(self._outcome(item, len(items), runner))
+            else:
+                chunks.setdefault(item.job.id, []).append(item)
+        outcomes += [self._chunk_outcome(chunk, len(items), runner) for chunk in chunks.values()]
         working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:
             call = store.finish(
@@ -385,6 +404,24 @@ class BatchWorker(SimpleWorker):
                 superseded,
             )
 
+    def _chunk_outcome(self, items: list[Item], batch_size: int, runner: ModelRunner) -> Outcome:
+        """A bulk chunk ends finished, with one result line per item, ended or failed alone."""
+        job = items[0].job
+        lines = []
+        for item in items:
+            line: dict[str, Any] = {"custom_id": item.custom_id}
+            if item.error is None:
+                line |= {"status": "finished", "result": item.output}
+            else:
+                line |= {"status": "failed", "error": item.error}
+            lines.append(json.dumps(line, separators=(",", ":")))
+        failed = sum(item.error is not None for item in items)
+        moved = {"running": -len(items), "finished": len(items) - failed, "failed": failed}
+        info = {"batch_size": str(batch_size), "worker": self.name, "inference_ms": items[0].info["inference_ms"]}
+        ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
+        summary = {"finished": len(items) - failed, "failed": failed}
+        return Outcome(job, True, summary, int(ttl), info, runner.config.name, lines, moved)
+
     def _outcome(self, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
         """How the job ended, for the finish script."""
         job = item.job
@@ -398,6 +435,11 @@ class BatchWorker(SimpleWorker):
         info["error"] = item.error
         ttl = job.failure_ttl or self.settings.failure_ttl_s
         return Outcome(job, False, item.traceback or item.error, int(ttl), info, runner.config.name)
+
+
+def _jobs(items: list[Item]) -> list[Claimed]:
+    """The batch's jobs, once each: the items of a bulk chunk share theirs."""
+    return list({id(item.job): item.job for item in items}.values())
 
 
 def _survive_outage(call: Any) -> None:

@@ -48,7 +48,8 @@ class Item:
     payload: bytes | None
     content_type: str
     info: dict[str, str] = field(default_factory=dict)
-    execution: Any = None
+    # An item of a bulk chunk (``job`` is the chunk): the client's id for it.
+    custom_id: str | None = None
     value: Any = None
     output: Any = None
     error: str | None = None

@@ -34,6 +34,38 @@ local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id,
   redis.call('RPUSH', hook_queue, delivery_id)
   redis.call('SADD', queues_set, hook_queue)
 end
+-- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
+-- lines: JSON strings; moved: {field = n} added to the record's counts.
+local function batch_progress(record, results, lines, moved, stamp, channel)
+  for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
+  for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
+  local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
+                       'model')
+  if r[6] or not r[1] then return end
+  if tonumber(r[2]) + tonumber(r[3]) + tonumber(r[4]) >= tonumber(r[1]) then
+    redis.call('HSET', record, 'ended_at', stamp)
+    redis.call('EXPIRE', record, tonumber(r[5]))
+    redis.call('EXPIRE', results, tonumber(r[5]))
+    redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
+  end
+end
+-- The items of a chunk that ends without running (canceled, expired, its worker died): one line each.
+local function chunk_lines(payload, status, reason)
+  local body = redis.call('GET', payload)
+  local lines = {}
+  if not body then return lines end
+  for _, item in ipairs(cjson.decode(body).items) do
+    local line = {custom_id = item.custom_id, status = status}
+    if reason ~= '' then line.error = reason end
+    lines[#lines + 1] = cjson.encode(line)
+  end
+  return lines
+end
+-- Where a chunk's items were counted: 'running' once a worker started it, else 'queued'.
+local function chunk_from(info)
+  if redis.call('HEXISTS', info, 'counted') == 1 then return 'running' end
+  return 'queued'
+end
 -- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set}
 local function announce(d)
   if redis.call('EXISTS', d.info) == 1 then
@@ -96,15 +128,21 @@ return false
 )
 
 # Up to ARGV[1] more job IDs into the intermediate list, where RQ's maintenance finds them if the
-# worker dies before the batch starts. LPOP with a count needs Redis >= 6.2.
+# worker dies before the batch starts; it stops before an id starting with ARGV[2] (a bulk chunk,
+# a batch of its own). LMOVE needs Redis >= 6.2.
 POP = Script(
     "pop",
     ("queue", "intermediate"),
     source="""
-local popped = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
-if not popped then return {} end
-for _, id in ipairs(popped) do redis.call('RPUSH', KEYS[2], id) end
-return popped
+local want, stop = tonumber(ARGV[1]), ARGV[2]
+local out = {}
+while #out < want do
+  local id = redis.call('LINDEX', KEYS[1], 0)
+  if not id or (stop ~= '' and string.sub(id, 1, #stop) == stop) then break end
+  redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  out[#out + 1] = id
+end
+return out
 """,
 )
 
@@ -146,7 +184,8 @@ return {'ok', ''}
 START = Script(
     "start",
     ("intermediate", "started", "hook_queue", "queues"),
-    per_item=("job", "info", "payload", "execution", "executions", "attempts", "delivery"),
+    # record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
+    per_item=("job", "info", "payload", "execution", "executions", "attempts", "delivery", "record", "results"),
     source=_ANNOUNCE
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -156,12 +195,19 @@ local FIELDS = {'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
 local out, started = {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload, exec, execs, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, payload, exec, execs, attempts, delivery, record, results = unpack(KEYS, k, k + STRIDE - 1)
   local id, exec_id = ARGV[at + 2 * n], ARGV[at + 2 * n + 1]
   n = n + 1
   redis.call('LREM', KEYS[1], 1, id)
+  local items = tonumber(redis.call('HGET', info, 'items') or '0')
   if redis.call('HEXISTS', job, 'origin') == 0 then
     local state = 'vanished'
+    if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
+      local lines = chunk_lines(payload, 'expired', 'expired: still queued when the batch window ended')
+      batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel)
+      redis.call('DEL', payload)
+      state = 'expired'
+    end
     local deadline = tonumber(redis.call('HGET', info, 'deadline') or '')
     if deadline and deadline <= now_s and redis.call('HEXISTS', info, 'batch_size') == 0
         and redis.call('HEXISTS', info, 'canceled') == 0 then
@@ -184,6 +230,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
+    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
+      redis.call('HINCRBY', record, 'queued', -items)
+      redis.call('HINCRBY', record, 'running', items)
+      redis.call('HSETNX', record, 'started_at', stamp)
+    end
     out[n] = {id, 'started', redis.call('HMGET', job, unpack(FIELDS)), redis.call('GET', payload) or false,
               redis.call('HGETALL', info)}
     started[#started + 1] = id
@@ -205,7 +256,18 @@ return out
 FINISH = Script(
     "finish",
     ("started", "finished", "failed", "hook_queue", "queues", "worker"),
-    per_item=("job", "info", "result", "payload", "execution", "executions", "attempts", "delivery"),
+    per_item=(
+        "job",
+        "info",
+        "result",
+        "payload",
+        "execution",
+        "executions",
+        "attempts",
+        "delivery",
+        "record",
+        "results",
+    ),
     source=_ANNOUNCE
     + """
 local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
@@ -219,7 +281,7 @@ local vanished, superseded = {}, {}
 local counts = {finished = 0, failed = 0}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, result, payload, exec, execs, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, result, payload, exec, execs, attempts, delivery, record, results = unpack(KEYS, k, k + STRIDE - 1)
   local j = cjson.decode(ARGV[at + n])
   n = n + 1
   local keep_input = false
@@ -240,6 +302,9 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
+      if j.lines then
+        batch_progress(record, results, j.lines, j.moved, j.ended_at, channel)
+      end
       announce({info = info, attempts = attempts, delivery = delivery,
                 job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
                 channel = channel, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]})
@@ -312,16 +377,23 @@ return {'ok'}
 ANNOUNCE_FAILED = Script(
     "announce-failed",
     ("hook_queue", "queues"),
-    per_item=("job", "info", "attempts", "delivery"),
+    per_item=("job", "info", "attempts", "delivery", "payload", "record", "results"),
     source=_ANNOUNCE
     + """
 local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local tpl, at = read_template(4)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, attempts, delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, attempts, delivery, payload, record, results = unpack(KEYS, k, k + STRIDE - 1)
   local id = ARGV[at + n]
   n = n + 1
+  local items = tonumber(redis.call('HGET', info, 'items') or '0')
+  if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
+    local lines = chunk_lines(payload, 'failed',
+                              'the worker running this item died (killed or crashed) and no retries were left')
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel)
+    redis.call('DEL', payload)
+  end
   if redis.call('HGET', job, 'status') == 'failed' then
     if announce({info = info, attempts = attempts, delivery = delivery,
                  job_id = id, model = redis.call('HGET', info, 'model') or '', status = 'failed', ttl = ttl,
@@ -377,4 +449,106 @@ return back
 """,
 )
 
-ALL = (CLAIM_FIRST, POP, ENQUEUE, START, FINISH, CANCEL, ANNOUNCE_FAILED, GIVE_BACK, GIVE_BACK_HELD)
+# A bulk batch, atomically: an Idempotency-Key already used returns its batch; else the batch record,
+# the result lines of refused input lines, and every chunk (its input, info and RQ job, queued).
+# KEYS: queue, queues set, record, chunks list, results list, idempotency key (the record again
+# when there is none, untouched); per chunk: job, payload, info.
+# ARGV: has idempotency ("1"/"0"), its value, its ttl, batch ttl, record field count, record
+# pairs, refused line count, refused lines, then per chunk: id, payload, payload ttl, info ttl, job
+# ttl, info field count, info pairs, job field count, job pairs.
+ENQUEUE_BATCH = Script(
+    "enqueue-batch",
+    ("queue", "queues", "record", "chunks", "results", "idempotency"),
+    per_item=("job", "payload", "info"),
+    source="""
+if ARGV[1] == '1' then
+  local existing = redis.call('GET', KEYS[6])
+  if existing then return {'dup', existing} end
+  redis.call('SET', KEYS[6], ARGV[2], 'EX', ARGV[3])
+end
+local ttl = tonumber(ARGV[4])
+local at = 5
+local function pairs_at(i)
+  local n = tonumber(ARGV[i])
+  return {unpack(ARGV, i + 1, i + 2 * n)}, i + 1 + 2 * n
+end
+local record
+record, at = pairs_at(at)
+redis.call('HSET', KEYS[3], unpack(record))
+redis.call('EXPIRE', KEYS[3], ttl)
+local refused = tonumber(ARGV[at])
+for i = at + 1, at + refused do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+at = at + refused + 1
+redis.call('SADD', KEYS[2], KEYS[1])
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, payload, info = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  local id = ARGV[at]
+  redis.call('SET', payload, ARGV[at + 1], 'EX', ARGV[at + 2])
+  local info_ttl, job_ttl = ARGV[at + 3], ARGV[at + 4]
+  local fields
+  fields, at = pairs_at(at + 5)
+  redis.call('HSET', info, unpack(fields))
+  redis.call('EXPIRE', info, info_ttl)
+  fields, at = pairs_at(at)
+  redis.call('HSET', job, unpack(fields))
+  redis.call('EXPIRE', job, job_ttl)
+  redis.call('RPUSH', KEYS[1], id)
+  redis.call('RPUSH', KEYS[4], id)
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
+if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('EXPIRE', KEYS[5], ttl) end
+return {'ok', ''}
+""",
+)
+
+# A client's cancel of a bulk batch: every chunk still queued is canceled (a line per item), chunks
+# running finish; {'ok'}, {'missing'} or {'ended'}.
+# KEYS: record, results, queue, canceled registry; per chunk: job, info, payload.
+# ARGV: owner ('' for any), canceled ttl, now, stamp, channel.
+CANCEL_BATCH = Script(
+    "cancel-batch",
+    ("record", "results", "queue", "canceled"),
+    per_item=("job", "info", "payload"),
+    source=_ANNOUNCE
+    + """
+local record, results = KEYS[1], KEYS[2]
+local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+if redis.call('EXISTS', record) == 0 then return {'missing'} end
+if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
+if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
+redis.call('HSETNX', record, 'canceled_at', stamp)
+for k = FIXED + 1, #KEYS, STRIDE do
+  local job, info, payload = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  local items = tonumber(redis.call('HGET', info, 'items') or '0')
+  if items > 0 and redis.call('HGET', job, 'status') == 'queued' and redis.call('HEXISTS', info, 'canceled') == 0 then
+    local id = redis.call('HGET', info, 'id')
+    redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
+    redis.call('LREM', KEYS[3], 0, id)
+    redis.call('HSET', info, 'canceled', '1', 'announced', '1')
+    redis.call('ZADD', KEYS[4], now_s + ttl, id)
+    local lines = chunk_lines(payload, 'canceled', '')
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel)
+    redis.call('DEL', payload)
+    redis.call('EXPIRE', job, ttl)
+    redis.call('EXPIRE', info, ttl)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_s)
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
+return {'ok'}
+""",
+)
+
+ALL = (
+    CLAIM_FIRST,
+    POP,
+    ENQUEUE,
+    START,
+    FINISH,
+    CANCEL,
+    ANNOUNCE_FAILED,
+    GIVE_BACK,
+    GIVE_BACK_HELD,
+    ENQUEUE_BATCH,
+    CANCEL_BATCH,
+)

@@ -166,7 +166,9 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
         return []
     hk = layout.hooks()
     per_job = [
-        [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)] for i in job_ids
+        [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
+        + [keys.payload_key(i), *_batch_keys(i)]
+        for i in job_ids
     ]
     told = scripts.ANNOUNCE_FAILED(
         connection,
@@ -217,10 +219,19 @@ def claim(
 
 
 def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
-    """Up to ``want`` more job IDs, moved into the intermediate list."""
+    """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:
         return []
-    return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=[want])]
+    args = [want, keys.CHUNK_PREFIX]
+    return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
+
+
+def _batch_keys(job_id: str) -> list[str]:
+    """A chunk's batch record and result lines; for a single job its info key, declared and untouched."""
+    if keys.is_chunk(job_id):
+        batch_id = keys.batch_of_chunk(job_id)
+        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id)]
+    return [keys.info_key(job_id)] * 2
 
 
 @dataclass
@@ -281,6 +292,7 @@ def start(
             layout.executions_key(i),
             keys.webhook_attempts_key(i),
             layout.delivery_key(i),
+            *_batch_keys(i),
         ]
         for i, e in zip(job_ids, execution_ids, strict=True)
     ]
@@ -348,6 +360,9 @@ class Outcome:
     ttl_s: int
     info: dict[str, str]
     model: str
+    # A bulk chunk: its items' result lines, and the counts they move in the batch record.
+    lines: list[str] | None = None
+    moved: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -379,6 +394,7 @@ def finish(
                 layout.executions_key(job.id),
                 keys.webhook_attempts_key(job.id),
                 layout.delivery_key(job.id),
+                *_batch_keys(job.id),
             ]
         )
         entries.append(_entry(outcome, worker_name, pipe))
@@ -414,7 +430,7 @@ def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline) -> str:
         execution_started_at=job.started_at,
         execution_ended_at=ended_at,
     )
-    entry = {
+    entry: dict[str, Any] = {
         "id": job.id,
         "exec_id": job.execution_id,
         "status": "finished" if outcome.finished else "failed",
@@ -424,6 +440,8 @@ def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline) -> str:
         "info": outcome.info,
         "model": outcome.model,
     }
+    if outcome.lines is not None:
+        entry |= {"lines": outcome.lines, "moved": outcome.moved}
     return json.dumps(entry, separators=(",", ":"))
 
 
