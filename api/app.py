@@ -14,7 +14,7 @@ from redis import Redis
 from api import errors
 from api.deps import AppState
 from api.events import EventHub
-from api.routers import deployment, health, jobs, models
+from api.routers import batches, deployment, health, jobs, models
 from api.routers.v2 import router as v2_router
 from shared.errors import ConfigError
 from shared.jobs import QueueCache
@@ -75,5 +75,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Before jobs.router: a model's own submit path, not the catch-all for unknown models, takes its jobs.
     app.include_router(deployment.router_for(settings, model_configs))
     app.include_router(jobs.router)
+    app.include_router(batches.router)
     app.include_router(v2_router)
     return app

@@ -1,0 +1,164 @@
+"""Bulk batches and lanes through real processes: upload, kill -9 mid-bulk, interactive work during a drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx
+import pytest
+from rq.serializers import JSONSerializer
+
+from shared import keys
+from shared.rqjson import JSONJob
+from tests.stack import Stack, new_stack, serving, wait_until
+from tests.support import POISON
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def bulk_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """An API and Redis only: each test starts and stops its own workers."""
+    with serving(new_stack(tmp_path_factory.mktemp("bulk"))) as running:
+        running.start_api()
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _stop_workers(bulk_stack: Stack) -> Iterator[None]:
+    api, api_log = bulk_stack.procs[:1], bulk_stack.logs[:1]
+    yield
+    for proc in bulk_stack.procs[1:]:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    bulk_stack.procs[:], bulk_stack.logs[:] = api, api_log
+    client = bulk_stack.redis()
+    for key in client.keys("rq:worker:*"):
+        client.delete(key)
+    client.srem("rq:workers", *client.smembers("rq:workers") or [b"-"])
+    client.close()
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
+
+
+def upload(stack: Stack, model: str, body: bytes, **params: Any) -> dict[str, Any]:
+    response = httpx.post(
+        f"{stack.base}/v1/models/{model}/batches",
+        content=body,
+        params=params,
+        headers={"content-type": "application/jsonl"},
+        timeout=30,
+    )
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def batch(stack: Stack, batch_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{stack.base}/v1/batches/{batch_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def results(stack: Stack, batch_id: str, **params: Any) -> list[dict[str, Any]]:
+    response = httpx.get(f"{stack.base}/v1/batches/{batch_id}/results", params=params)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("application/jsonl")
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def items(count: int, prefix: str = "item") -> list[dict[str, Any]]:
+    return [{"custom_id": f"{prefix}-{i}", "inputs": [i, i]} for i in range(count)]
+
+
+def test_an_upload_runs_every_item_and_a_bad_line_fails_alone(bulk_stack: Stack) -> None:
+    lines: list[Any] = [*items(10), b"{not json", {"custom_id": "wrong-shape", "inputs": [1, 2, 3]}]
+    lines.append({"custom_id": "poisoned", "inputs": [POISON, 0]})
+    accepted = upload(bulk_stack, "slow", jsonl(lines))
+    assert accepted["status"] == "queued" and accepted["total"] == 12 and accepted["refused_count"] == 2
+    assert [(r["line"], r["custom_id"]) for r in accepted["refused"]] == [(11, None), (12, "wrong-shape")]
+    assert accepted["refused"][1]["error"] == "line 12: inputs: expected an array of length 2, got length 3"
+    bulk_stack.run_burst("slow")
+    view = batch(bulk_stack, accepted["id"])
+    assert view["status"] == "finished" and view["eta_s"] == 0.0
+    assert view["counts"] == {"total": 12, "queued": 0, "running": 0, "finished": 10, "failed": 2, "canceled": 0}
+    lines_out = results(bulk_stack, accepted["id"])
+    assert Counter(line["custom_id"] for line in lines_out) == Counter(
+        [f"item-{i}" for i in range(10)] + ["wrong-shape", "poisoned"]
+    )
+    assert {line["custom_id"]: line.get("result") for line in lines_out}["item-7"] == {"output": [7.0, 7.0]}
+    failed = results(bulk_stack, accepted["id"], status="failed")
+    assert sorted(line["custom_id"] for line in failed) == ["poisoned", "wrong-shape"]
+
+
+def test_an_upload_with_no_valid_line_is_refused_whole(bulk_stack: Stack) -> None:
+    response = httpx.post(
+        f"{bulk_stack.base}/v1/models/slow/batches", content=b"[1]\n{}\n", headers={"content-type": "application/jsonl"}
+    )
+    assert response.status_code == 422
+    assert "line 1" in response.json()["error"]["message"]
+
+
+def test_kill_9_mid_bulk_ends_every_custom_id_exactly_once(bulk_stack: Stack) -> None:
+    accepted = upload(bulk_stack, "slow", jsonl(items(24)))
+    doomed = bulk_stack.start_worker("slow", name="doomed", env={"INFERQ_TEST_SLOW_S": "3"})
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["counts"]["running"] > 0, 30, "a chunk to start")
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    bulk_stack.start_worker("slow", name="survivor")
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["status"] == "finished", 90, "the batch to end")
+    lines = results(bulk_stack, accepted["id"])
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"item-{i}" for i in range(24))
+    assert {line["status"] for line in lines} == {"finished"}
+
+
+def test_a_two_model_worker_with_both_lanes_loses_nothing_under_kill_9(bulk_stack: Stack) -> None:
+    accepted = upload(bulk_stack, "slow", jsonl(items(16, "bulk")))
+    singles = []
+    for model in ("slow", "fragile"):
+        for i in range(3):
+            response = httpx.post(f"{bulk_stack.base}/v1/models/{model}/jobs", json={"inputs": [i, i]})
+            assert response.status_code == 202
+            singles.append(response.json()["id"])
+    doomed = bulk_stack.start_worker("slow", "fragile", name="doomed2", env={"INFERQ_TEST_SLOW_S": "3"})
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["counts"]["running"] > 0, 60, "a chunk to start")
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    bulk_stack.start_worker("slow", "fragile", name="survivor2")
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["status"] == "finished", 90, "the batch to end")
+    wait_until(
+        lambda: {httpx.get(f"{bulk_stack.base}/v1/jobs/{i}").json()["status"] for i in singles} == {"finished"},
+        60,
+        "every single job to finish",
+    )
+    assert sorted(line["custom_id"] for line in results(bulk_stack, accepted["id"])) == sorted(
+        f"bulk-{i}" for i in range(16)
+    )
+
+
+def test_interactive_work_waits_at_most_one_bulk_chunk_during_a_drain(bulk_stack: Stack) -> None:
+    accepted = upload(bulk_stack, "slow", jsonl(items(48, "drain")))
+    bulk_stack.start_worker("slow", name="drainer", env={"INFERQ_TEST_SLOW_S": "0.3"})
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["counts"]["finished"] >= 8, 30, "the drain to be under way")
+    response = httpx.post(
+        f"{bulk_stack.base}/v1/models/slow/jobs", json={"inputs": [1, 1]}, headers={"Prefer": "wait=30"}, timeout=40
+    )
+    assert response.status_code == 200 and response.json()["status"] == "finished"
+    job = response.json()
+    wait_until(lambda: batch(bulk_stack, accepted["id"])["status"] == "finished", 60, "the bulk run to complete")
+    client = bulk_stack.redis()
+    chunk_starts = []
+    for number in range(6):
+        chunk = JSONJob.fetch(keys.chunk_id(accepted["id"], number), connection=client, serializer=JSONSerializer)
+        chunk_starts.append(chunk.started_at.replace(tzinfo=None))
+    client.close()
+    enqueued = datetime.fromisoformat(job["enqueued_at"].rstrip("Z"))
+    started = datetime.fromisoformat(job["started_at"].rstrip("Z"))
+    # Chunks that started while the interactive job waited: none, or one when the bulk share came due.
+    assert sum(enqueued < start < started for start in chunk_starts) <= 1
