@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -14,12 +16,13 @@ from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view, new_j
 from shared.lifecycle import bulk
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.rqjson import JSONJob
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
 from tests.support import POISON
 from tests.test_batching import _runner
 from workers import batching
 from workers.batching import BatchWorker
 from workers.running import ModelRunner, run_batch
+from workers.webhooks import webhook_worker
 
 
 @pytest.fixture
@@ -210,3 +213,40 @@ def test_bulk_is_never_starved_by_steady_interactive_work(
     # One batch in four serves bulk first while both lanes have work.
     assert order[:8] == ["interactive"] * 3 + ["bulk"] + ["interactive"] * 3 + ["bulk"]
     assert order.count("bulk") == 2 and len(order) == 12
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    bodies: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        length = int(self.headers["content-length"])
+        type(self).bodies.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_batch_webhook_is_sent_once_when_the_batch_ends(
+    redis: redis_py.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("INFERQ_WEBHOOK_ALLOW", "127.0.0.1")
+    get_settings.cache_clear()
+    settings = get_settings()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        batch_id = _batch(redis, settings, _items(6, poison={2}), webhook=url)
+        _worker(redis, settings, "hooked").work(burst=True)
+        assert redis.lrange(f"rq:queue:{keys.WEBHOOK_QUEUE}", 0, -1) == [f"webhook-{batch_id}".encode()]
+        webhook_worker(redis, settings).work(burst=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+        get_settings.cache_clear()
+    (body,) = _Receiver.bodies
+    assert body["id"] == batch_id and body["status"] == "finished"
+    assert body["counts"] == {"total": 6, "queued": 0, "running": 0, "finished": 5, "failed": 1, "canceled": 0}

@@ -36,7 +36,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from shared import keys, signing
 from shared.errors import InvalidInput, NotFound
 from shared.jobs import get_job_view, isoformat, utcnow
-from shared.lifecycle import layout
+from shared.lifecycle import bulk, layout
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
@@ -62,12 +62,15 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
     connection: Redis = current.connection
     try:
         view = get_job_view(connection, job_id)
+        url = (view.pop("webhook", None) or {}).get("url")
     except NotFound:
-        return {"job_id": job_id, "attempt": attempt, "outcome": "job expired"}
-    url = (view.get("webhook") or {}).get("url")
+        # A bulk batch's own webhook, once the batch ended: the batch view.
+        batch = bulk.read_batch(connection, job_id)
+        if batch is None:
+            return {"job_id": job_id, "attempt": attempt, "outcome": "job expired"}
+        view, url = batch, batch.pop("webhook", None)
     if not url:
         return {"job_id": job_id, "attempt": attempt, "outcome": "no webhook"}
-    view.pop("webhook", None)
     body = json.dumps(view, separators=(",", ":")).encode()
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     # webhook-id stays the same across retries so receivers can deduplicate.

@@ -201,7 +201,9 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     chunk_ids = [_text(i) for i in cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), 0, -1))]
     per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in chunk_ids]
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
+    fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
     args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
+    args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
     return _text(scripts.CANCEL_BATCH(connection, fixed, per_chunk, args)[0])
 
 

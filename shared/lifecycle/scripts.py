@@ -35,8 +35,9 @@ local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id,
   redis.call('SADD', queues_set, hook_queue)
 end
 -- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
--- lines: JSON strings; moved: {field = n} added to the record's counts.
-local function batch_progress(record, results, lines, moved, stamp, channel)
+-- lines: JSON strings; moved: {field = n} added to the record's counts; hook: where the batch's own webhook
+-- delivery goes {delivery, tpl, hook_queue, queues_set}.
+local function batch_progress(record, results, lines, moved, stamp, channel, hook)
   for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
   for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
   local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
@@ -47,6 +48,9 @@ local function batch_progress(record, results, lines, moved, stamp, channel)
     redis.call('EXPIRE', record, tonumber(r[5]))
     redis.call('EXPIRE', results, tonumber(r[5]))
     redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
+    if redis.call('HEXISTS', record, 'webhook') == 1 then
+      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
+    end
   end
 end
 -- The items of a chunk that ends without running (canceled, expired, its worker died): one line each.
@@ -185,7 +189,18 @@ START = Script(
     "start",
     ("intermediate", "started", "hook_queue", "queues"),
     # record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
-    per_item=("job", "info", "payload", "execution", "executions", "attempts", "delivery", "record", "results"),
+    per_item=(
+        "job",
+        "info",
+        "payload",
+        "execution",
+        "executions",
+        "attempts",
+        "delivery",
+        "record",
+        "results",
+        "batch_delivery",
+    ),
     source=_ANNOUNCE
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -195,7 +210,9 @@ local FIELDS = {'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
 local out, started = {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload, exec, execs, attempts, delivery, record, results = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
+    unpack(KEYS, k, k + STRIDE - 1)
+  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
   local id, exec_id = ARGV[at + 2 * n], ARGV[at + 2 * n + 1]
   n = n + 1
   redis.call('LREM', KEYS[1], 1, id)
@@ -204,7 +221,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     local state = 'vanished'
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
       local lines = chunk_lines(payload, 'expired', 'expired: still queued when the batch window ended')
-      batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel)
+      batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
     end
@@ -267,6 +284,7 @@ FINISH = Script(
         "delivery",
         "record",
         "results",
+        "batch_delivery",
     ),
     source=_ANNOUNCE
     + """
@@ -281,7 +299,8 @@ local vanished, superseded = {}, {}
 local counts = {finished = 0, failed = 0}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, result, payload, exec, execs, attempts, delivery, record, results = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, result, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
+    unpack(KEYS, k, k + STRIDE - 1)
   local j = cjson.decode(ARGV[at + n])
   n = n + 1
   local keep_input = false
@@ -303,7 +322,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
       if j.lines then
-        batch_progress(record, results, j.lines, j.moved, j.ended_at, channel)
+        local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]}
+        batch_progress(record, results, j.lines, j.moved, j.ended_at, channel, hook)
       end
       announce({info = info, attempts = attempts, delivery = delivery,
                 job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
@@ -377,21 +397,22 @@ return {'ok'}
 ANNOUNCE_FAILED = Script(
     "announce-failed",
     ("hook_queue", "queues"),
-    per_item=("job", "info", "attempts", "delivery", "payload", "record", "results"),
+    per_item=("job", "info", "attempts", "delivery", "payload", "record", "results", "batch_delivery"),
     source=_ANNOUNCE
     + """
 local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local tpl, at = read_template(4)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, attempts, delivery, payload, record, results = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, attempts, delivery, payload, record, results, batch_delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
   local id = ARGV[at + n]
   n = n + 1
   local items = tonumber(redis.call('HGET', info, 'items') or '0')
   if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
     local lines = chunk_lines(payload, 'failed',
                               'the worker running this item died (killed or crashed) and no retries were left')
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel)
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
     redis.call('DEL', payload)
   end
   if redis.call('HGET', job, 'status') == 'failed' then
@@ -503,16 +524,19 @@ return {'ok', ''}
 
 # A client's cancel of a bulk batch: every chunk still queued is canceled (a line per item), chunks
 # running finish; {'ok'}, {'missing'} or {'ended'}.
-# KEYS: record, results, queue, canceled registry; per chunk: job, info, payload.
-# ARGV: owner ('' for any), canceled ttl, now, stamp, channel.
+# KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the
+# queues set; per chunk: job, info, payload. ARGV: owner ('' for any), canceled ttl, now, stamp, channel,
+# delivery template.
 CANCEL_BATCH = Script(
     "cancel-batch",
-    ("record", "results", "queue", "canceled"),
+    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues"),
     per_item=("job", "info", "payload"),
     source=_ANNOUNCE
     + """
 local record, results = KEYS[1], KEYS[2]
 local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local tpl = read_template(6)
+local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = KEYS[7]}
 if redis.call('EXISTS', record) == 0 then return {'missing'} end
 if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
 if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
@@ -527,7 +551,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('HSET', info, 'canceled', '1', 'announced', '1')
     redis.call('ZADD', KEYS[4], now_s + ttl, id)
     local lines = chunk_lines(payload, 'canceled', '')
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel)
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel, hook)
     redis.call('DEL', payload)
     redis.call('EXPIRE', job, ttl)
     redis.call('EXPIRE', info, ttl)

@@ -227,11 +227,11 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
 
 
 def _batch_keys(job_id: str) -> list[str]:
-    """A chunk's batch record and result lines; for a single job its info key, declared and untouched."""
+    """A chunk's batch record, result lines and webhook delivery; for a single job its info key, untouched."""
     if keys.is_chunk(job_id):
         batch_id = keys.batch_of_chunk(job_id)
-        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id)]
-    return [keys.info_key(job_id)] * 2
+        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id), layout.delivery_key(batch_id)]
+    return [keys.info_key(job_id)] * 3
 
 
 @dataclass
