@@ -12,6 +12,8 @@ TARGETS_DOC = {
     "saturation": "ResNet at saturation: >= 0.9x the bare model at the worker's max batch",
     "idle_latency": "one client: p50 <= bare batch-1 time + 5 ms",
     "keys": "after results expire, no more keys than before the run",
+    "bulk_drain": "bulk batch, no-op model, submit + drain per item: >= 3x cheaper than single jobs",
+    "lanes_latency": "one client during a bulk drain: p50 <= idle p50 + one batch time",
 }
 
 
@@ -66,6 +68,30 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "value": overhead,
                 "holds": overhead <= 5.0,
                 "detail": f"p50 {one['p50_ms']:.1f} ms vs bare {bare_one:.1f} ms (+{overhead:.1f} ms)",
+            }
+        )
+    bulk_drain = results.get("bulk_drain")
+    if bulk_drain:
+        out.append(
+            _target(
+                "bulk_drain",
+                bulk_drain["ratio"],
+                3.0,
+                f"{bulk_drain['bulk_us_per_item']:.0f} vs {bulk_drain['single_us_per_item']:.0f} us/item, "
+                f"{bulk_drain['items']:,} items",
+            )
+        )
+    lanes = results.get("lanes")
+    if lanes:
+        allowed = lanes["idle_p50_ms"] + lanes["batch_ms"]
+        out.append(
+            {
+                "name": "lanes_latency",
+                "doc": TARGETS_DOC["lanes_latency"],
+                "value": lanes["during_p50_ms"],
+                "holds": lanes["during_p50_ms"] <= allowed and lanes["bulk_finished"] == lanes["items"],
+                "detail": f"p50 {lanes['during_p50_ms']:.1f} ms during vs {lanes['idle_p50_ms']:.1f} ms idle "
+                f"+ {lanes['batch_ms']:.1f} ms batch; bulk run of {lanes['items']} finished {lanes['bulk_finished']}",
             }
         )
     keys = results.get("keys")

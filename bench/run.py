@@ -26,6 +26,7 @@ from PIL import Image
 from redis import Redis
 from rq.registry import clean_registries
 
+from bench.bulk import bulk_vs_singles, lanes_latency
 from bench.load import Stats, closed_loop, open_loop, submit_prefer_wait, submit_then_wait
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
@@ -159,6 +160,8 @@ class Bench:
             }
             jobs = (300, 100) if self.args.quick else (5000, 500)
             self.results["drain"] = drain(self.redis.url, self.models["noop"], *jobs)
+            bulk_items = 2000 if self.args.quick else 20000
+            self.results["bulk_drain"] = bulk_vs_singles(self.redis.url, self.models["noop"], bulk_items)
             self.results["systems"] = {}
             self._inferq()
             if not self.args.skip_peers:
@@ -232,6 +235,10 @@ class Bench:
                 stats = asyncio.run(open_loop(call, payloads, best * fraction, self.point_s, f"rate {fraction:.2f}"))
                 result["resnet"]["open"].append({**stats.summary(), "fraction_of_bare": fraction})
             self.results["systems"]["inferq"] = result
+            images, _ = payloads_for("resnet")
+            lanes = lanes_latency(base, "resnet", images, "image/jpeg", 80 if self.args.quick else 400)
+            lanes["batch_ms"] = self.results["bare"]["resnet"]["points"][-1]["batch_ms"]
+            self.results["lanes"] = lanes
             time.sleep(KEY_TTL_S + 2)
             for model in self.models:
                 # What a worker's maintenance (or `rq info`) does to RQ's registries.
