@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from inferq import bulk as bulk_cli
 from inferq.supervisor import EXIT_CONFIG
 from shared.errors import AppError, ConfigError
 from shared.settings import Settings, get_settings
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the models the API serves")
     models.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
+    bulk_cli.add_parser(sub)
     return parser
 
 
@@ -366,7 +368,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    return bulk_cli.cmd_batch(args, _api_base(args))
+
+
 COMMANDS = {
+    "batch": cmd_batch,
     "up": cmd_up,
     "api": cmd_api,
     "worker": cmd_worker,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +19,7 @@ from rq.serializers import JSONSerializer
 
 from shared import keys
 from shared.rqjson import JSONJob
-from tests.stack import Stack, new_stack, serving, wait_until
+from tests.stack import ROOT, Stack, new_stack, serving, train_script, wait_until
 from tests.support import POISON
 
 pytestmark = pytest.mark.e2e
@@ -162,3 +166,66 @@ def test_interactive_work_waits_at_most_one_bulk_chunk_during_a_drain(bulk_stack
     started = datetime.fromisoformat(job["started_at"].rstrip("Z"))
     # Chunks that started while the interactive job waited: none, or one when the bulk share came due.
     assert sum(enqueued < start < started for start in chunk_starts) <= 1
+
+
+def run_cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferq", "batch", *args, "--api", stack.base],
+        cwd=ROOT,
+        env={**os.environ, **stack.env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_cli_runs_a_folder_of_images_and_a_rerun_skips_what_is_done(bulk_stack: Stack, tmp_path: Path) -> None:
+    train = train_script("digits")
+    _, _, images, labels = train.load_split()
+    folder = tmp_path / "digits"
+    (folder / "nested").mkdir(parents=True)
+    for i in range(5):
+        (folder / ("nested" if i % 2 else "") / f"{i}.png").write_bytes(train.render_png(images[i]))
+    out = tmp_path / "results.jsonl"
+    bulk_stack.start_worker("digits", name="digits-bulk")
+    done = run_cli(bulk_stack, "digits", str(folder), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    by_id = {line["custom_id"]: line for line in lines}
+    assert len(lines) == 5 and set(by_id) == {str(folder / ("nested" if i % 2 else "") / f"{i}.png") for i in range(5)}
+    assert {line["status"] for line in lines} == {"finished"}
+    paths = [str(folder / ("nested" if i % 2 else "") / f"{i}.png") for i in range(5)]
+    correct = sum(by_id[path]["result"]["label"] == str(int(labels[i])) for i, path in enumerate(paths))
+    assert correct >= 4
+    again = run_cli(bulk_stack, "digits", str(folder), "--out", str(out))
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert len(out.read_text().splitlines()) == 5
+
+
+def test_ctrl_c_cancels_what_has_not_run_and_keeps_what_finished(bulk_stack: Stack, tmp_path: Path) -> None:
+    source = tmp_path / "items.jsonl"
+    source.write_bytes(jsonl(items(40, "cc")))
+    out = tmp_path / "out.jsonl"
+    bulk_stack.start_worker("slow", name="slow-cc", env={"INFERQ_TEST_SLOW_S": "1"})
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "inferq", "batch", "slow", str(source), "--out", str(out), "--api", bulk_stack.base],
+        cwd=ROOT,
+        env={**os.environ, **bulk_stack.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 8, 60, "the first chunk's lines")
+    cli.send_signal(signal.SIGINT)
+    _, stderr = cli.communicate(timeout=60)
+    assert cli.returncode == 130, stderr
+    assert "canceled" in stderr
+    client = bulk_stack.redis()
+    (batch_key,) = [k for k in client.keys("inferq:batch:*") if k.count(b":") == 2 and client.hget(k, "total") == b"40"]
+    client.close()
+    view = batch(bulk_stack, batch_key.decode().rsplit(":", 1)[1])
+    wait_until(lambda: batch(bulk_stack, view["id"])["status"] == "canceled", 30, "the batch to end canceled")
+    counts = batch(bulk_stack, view["id"])["counts"]
+    assert counts["canceled"] > 0 and counts["finished"] + counts["canceled"] == 40
+    written = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+    assert len(written) == len(set(written)) >= 8

@@ -221,13 +221,14 @@ async def batch_results(
     status: Annotated[
         Literal["finished", "failed", "canceled", "expired"] | None, Query(description="only lines of this status")
     ] = None,
+    offset: Annotated[int, Query(description="skip this many lines (what a follower already read)", ge=0)] = 0,
 ) -> StreamingResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
     if await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
 
     async def lines() -> AsyncIterator[bytes]:
-        start = 0
+        start = offset
         while True:
             page = await run_in_threadpool(bulk.result_lines, state.redis, batch_id, start, RESULTS_PAGE)
             for line in page:
