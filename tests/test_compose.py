@@ -17,7 +17,7 @@ from inferq.cli import COMMANDS, build_parser
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models")
+SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models", "batch")
 
 
 def _compose() -> dict[str, Any]:
