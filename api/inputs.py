@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from api.schemas import WEBHOOK_MAX_CHARS, JobBodies, job_bodies
+from shared import keys
 from shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
 from shared.inputs import InputKind, input_kind
 from shared.jobs import Submission
@@ -132,6 +133,7 @@ def _json_submission(config: ModelConfig, kind: InputKind[Any], body: bytes, set
         webhook=fields["webhook"],
         result_ttl_s=fields["result_ttl"],
         deadline_s=fields["ttl"],
+        lane=fields["priority"] or keys.INTERACTIVE,
     )
 
 
@@ -162,6 +164,7 @@ async def _multipart_submission(
             webhook=fields["webhook"],
             result_ttl_s=fields["result_ttl"],
             deadline_s=fields["ttl"],
+            lane=fields["priority"] or keys.INTERACTIVE,
         )
     finally:
         await form.close()

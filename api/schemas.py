@@ -126,12 +126,16 @@ Webhook = Annotated[
 ]
 
 
+# The lane a job waits in: interactive work goes first, bulk fills in (shared/keys.py LANES).
+Priority = Annotated[Literal["interactive", "bulk"], Field(description="the lane the job waits in")]
+
+
 @dataclass(frozen=True)
 class JobBodies:
     """One model's request models and raw-body schemas, for its settings."""
 
-    json: type[BaseModel] | None  # application/json: {"inputs", "webhook", "result_ttl", "ttl"}
-    form: type[BaseModel] | None  # multipart/form-data: file, webhook, result_ttl, ttl (all text but the file)
+    json: type[BaseModel] | None  # application/json: {"inputs", "webhook", "priority", "result_ttl", "ttl"}
+    form: type[BaseModel] | None  # multipart/form-data: file, webhook, priority, result_ttl, ttl (text but the file)
     raw: dict[str, dict[str, Any]]  # other media types: the whole body's schema
     # The most seconds each option takes, for messages.
     limits: dict[str, int]
@@ -155,6 +159,7 @@ def _job_bodies(name: str, spec_json: str, max_result_ttl_s: int, queue_ttl_s: i
         json_fields: dict[str, Any] = {
             "inputs": (Annotated[Any, WithJsonSchema(schemas["application/json"])], ...),
             "webhook": (Webhook | None, None),
+            "priority": (Priority | None, None),
             **{
                 field: (
                     Annotated[int, Field(strict=True, ge=1, le=most), BeforeValidator(_whole_float_as_int)] | None,
@@ -169,6 +174,7 @@ def _job_bodies(name: str, spec_json: str, max_result_ttl_s: int, queue_ttl_s: i
         form_fields: dict[str, Any] = {
             "file": (Annotated[Any, WithJsonSchema(schemas["multipart/form-data"])], ...),
             "webhook": (Webhook, None),
+            "priority": (Priority, None),
             **{field: (Annotated[int, Field(ge=1, le=most)], None) for field, most in limits.items()},
         }
         form_model = create_model(f"{name} job form", __config__=forbid, **form_fields)

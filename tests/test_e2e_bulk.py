@@ -229,3 +229,26 @@ def test_ctrl_c_cancels_what_has_not_run_and_keeps_what_finished(bulk_stack: Sta
     assert counts["canceled"] > 0 and counts["finished"] + counts["canceled"] == 40
     written = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
     assert len(written) == len(set(written)) >= 8
+
+
+def test_priority_bulk_puts_a_single_job_in_the_bulk_lane(bulk_stack: Stack) -> None:
+    body = {"inputs": [1, 2], "priority": "bulk"}
+    response = httpx.post(f"{bulk_stack.base}/v1/models/slow/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    client = bulk_stack.redis()
+    assert job_id.encode() in client.lrange("rq:queue:inferq.slow.bulk", 0, -1)
+    client.close()
+    model = httpx.get(f"{bulk_stack.base}/v1/models/slow").json()
+    assert model["queue_lengths"] == {"interactive": 0, "bulk": 1} and model["queue_length"] == 1
+    refused = httpx.post(f"{bulk_stack.base}/v1/models/slow/jobs", json={"inputs": [1, 2], "priority": "urgent"})
+    assert refused.status_code == 422
+    form = httpx.post(
+        f"{bulk_stack.base}/v1/models/digits/jobs",
+        files={"file": ("d.png", (ROOT / "samples" / "digit.png").read_bytes(), "image/png")},
+        data={"priority": "bulk"},
+    )
+    assert form.status_code == 202, form.text
+    bulk_stack.run_burst("slow", "digits")
+    assert httpx.get(f"{bulk_stack.base}/v1/jobs/{job_id}").json()["status"] == "finished"
+    assert httpx.get(f"{bulk_stack.base}/v1/jobs/{form.json()['id']}").json()["result"]["label"] == "7"

@@ -30,6 +30,12 @@ from shared.settings import Settings
 from shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["batches"])
+
+
+class JSONLResponse(StreamingResponse):
+    media_type = "application/jsonl"
+
+
 CUSTOM_ID_MAX = 256
 # How many refused lines the upload's answer lists (all of them are counted).
 REFUSED_SHOWN = 100
@@ -213,7 +219,13 @@ async def get_batch(request: Request, batch_id: str, state: State, owner: Owner)
     return {**view, "urls": _urls(request, batch_id)}
 
 
-@router.get("/v1/batches/{batch_id}/results", responses=ERRORS)
+@router.get(
+    "/v1/batches/{batch_id}/results",
+    responses={
+        200: {"content": {"application/jsonl": {"schema": {"type": "string"}}}, "description": "JSONL"},
+        **ERRORS,
+    },
+)
 async def batch_results(
     batch_id: str,
     state: State,
@@ -222,7 +234,7 @@ async def batch_results(
         Literal["finished", "failed", "canceled", "expired"] | None, Query(description="only lines of this status")
     ] = None,
     offset: Annotated[int, Query(description="skip this many lines (what a follower already read)", ge=0)] = 0,
-) -> StreamingResponse:
+) -> JSONLResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
     if await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
@@ -238,7 +250,7 @@ async def batch_results(
                 return
             start += len(page)
 
-    return StreamingResponse(lines(), media_type="application/jsonl")
+    return JSONLResponse(lines())
 
 
 @router.post("/v1/batches/{batch_id}/cancel", responses=ERRORS)

@@ -21,6 +21,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(r
 class ModelServed(ModelPublic):
     # Workers registered on the model's queue (RQ's registry): 0 means its jobs wait until one starts.
     workers: int
+    # Jobs waiting per lane (a bulk batch's chunk counts once); queue_length is their sum.
+    queue_lengths: dict[str, int]
 
 
 class InvalidModel(BaseModel):
@@ -49,7 +51,7 @@ def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
     return counts
 
 
-def _public(config: ModelConfig, queue_length: int, workers: int) -> ModelServed:
+def _public(config: ModelConfig, lengths: dict[str, int], workers: int) -> ModelServed:
     return ModelServed(
         name=config.name,
         description=config.description,
@@ -58,16 +60,20 @@ def _public(config: ModelConfig, queue_length: int, workers: int) -> ModelServed
         labels=config.labels,
         max_batch=config.max_batch,
         queue=keys.queue_name(config.name),
-        queue_length=queue_length,
+        queue_length=sum(lengths.values()),
+        queue_lengths=lengths,
         workers=workers,
     )
 
 
-def _status(state: AppState, names: list[str]) -> tuple[list[int], dict[str, int]]:
+def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], dict[str, int]]:
     with state.redis.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.llen(state.queues.get(keys.queue_name(name)).key)
-        lengths = [int(n) for n in pipe.execute()]
+            for lane in keys.LANES:
+                pipe.llen(state.queues.get(keys.queue_name(name, lane)).key)
+        flat = [int(n) for n in pipe.execute()]
+    lanes = len(keys.LANES)
+    lengths = [dict(zip(keys.LANES, flat[i : i + lanes], strict=True)) for i in range(0, len(flat), lanes)]
     return lengths, live_workers(state, names)
 
 
