@@ -310,7 +310,8 @@ def test_openapi_gives_each_model_its_own_body(settings: Settings, redis: redis_
     }
     assert sentiment["properties"]["inputs"] == {**text, "title": "Inputs"}
     # The documented ttl is there, with the limits the API applies.
-    assert sorted(sentiment["properties"]) == ["inputs", "result_ttl", "ttl", "webhook"]
+    assert sorted(sentiment["properties"]) == ["inputs", "priority", "result_ttl", "ttl", "webhook"]
+    assert sentiment["properties"]["priority"]["anyOf"][0]["enum"] == ["interactive", "bulk"]
     assert sentiment["properties"]["ttl"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 3600}
     person = bodies["person"]["application/json"]["schema"]["properties"]["inputs"]
     assert person == {**AGE_SCHEMA, "title": "Inputs"}
