@@ -10,14 +10,17 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from redis import Redis
+from starlette.staticfiles import StaticFiles
 
 from api import errors
 from api.deps import AppState
 from api.events import EventHub
-from api.routers import batches, deployment, health, jobs, models
+from api.routers import batches, deployment, health, jobs, models, status
+from api.routers import metrics as metrics_router
 from api.routers.v2 import router as v2_router
 from shared.errors import ConfigError
 from shared.jobs import QueueCache
+from shared.metrics import RequestCounts
 from shared.models import load_model_configs
 from shared.rqjson import refuse_pickle
 from shared.settings import Settings, get_settings
@@ -39,6 +42,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     else:
         log.info("API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it")
 
+    request_counts = RequestCounts()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
@@ -46,9 +51,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = EventHub(redis_url)
         await hub.start()
         app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub)
+        flusher = metrics_router.Flusher(connection, request_counts)
+        flusher.start()
         try:
             yield
         finally:
+            await flusher.stop()
             await hub.stop()
             connection.close()
 
@@ -69,6 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "Prefer", "Idempotency-Key"],
         )
+    # Outermost: it sees every request's final status; it counts in memory (no Redis call per request).
+    app.add_middleware(metrics_router.RequestMetrics, counts=request_counts)
     errors.install(app)
     app.include_router(health.router)
     app.include_router(models.router)
@@ -77,4 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(v2_router)
+    app.include_router(metrics_router.router)
+    app.include_router(status.router)
+    app.mount("/static", StaticFiles(directory=status.STATIC_DIR), name="static")
     return app

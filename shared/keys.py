@@ -90,3 +90,26 @@ def is_chunk(job_id: str) -> bool:
 
 def batch_of_chunk(job_id: str) -> str:
     return job_id.removeprefix(CHUNK_PREFIX).rsplit("-", 1)[0]
+
+
+# Metrics (shared/metrics.py): counters and histogram buckets that workers and API processes add to,
+# read by every API process's GET /metrics and GET /v1/status. Each is refreshed with a TTL on write.
+def metrics_key(model: str) -> str:
+    """A hash of one model's counters and histogram buckets since the key was (re)created."""
+    return f"{PREFIX}:metrics:model:{model}"
+
+
+def metrics_window_key(model: str, start: int) -> str:
+    """The same hash for one short window starting at ``start`` (epoch seconds): the status page's charts."""
+    return f"{PREFIX}:metrics:model:{model}:w:{start}"
+
+
+def metrics_failures_key(model: str) -> str:
+    """A short list of the model's latest failures (JSON: time, reason class, readable error), newest first."""
+    return f"{PREFIX}:metrics:model:{model}:failures"
+
+
+# Webhook deliveries' counters and latency histogram, for every job and batch.
+WEBHOOK_METRICS_KEY = f"{PREFIX}:metrics:webhooks"
+# API requests by route, method and status, summed over every API process.
+HTTP_METRICS_KEY = f"{PREFIX}:metrics:http"

@@ -31,7 +31,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import keys
+from shared import keys, metrics
 from shared.lifecycle import bulk, layout, store
 from shared.lifecycle.store import Claimed, Outcome
 from shared.rqjson import JSONJob, JSONQueue
@@ -386,9 +386,9 @@ class BatchWorker(SimpleWorker):
         outcomes += [self._chunk_outcome(chunk, len(items), runner) for chunk in chunks.values()]
         working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:
-            call = store.finish(
-                pipe, self.settings, layout.queue_keys(queue.name), outcomes, self.name, self.key, working_s
-            )
+            qk = layout.queue_keys(queue.name)
+            batch = metrics.batch_increments(len(items))
+            call = store.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
             self.set_current_job_id(None, pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             vanished, superseded = store.finished(call, pipe.execute())
@@ -420,7 +420,13 @@ class BatchWorker(SimpleWorker):
         info = {"batch_size": str(batch_size), "worker": self.name, "inference_ms": items[0].info["inference_ms"]}
         ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
         summary = {"finished": len(items) - failed, "failed": failed}
-        return Outcome(job, True, summary, int(ttl), info, runner.config.name, lines, moved)
+        observed: metrics.Increments = {}
+        notes: list[str] = []
+        for item in items:
+            _observe(observed, item)
+            if item.error is not None and len(notes) < 3:
+                notes.append(metrics.failure_record(metrics.failure_class(item.error), item.error))
+        return Outcome(job, True, summary, int(ttl), info, runner.config.name, lines, moved, observed, notes)
 
     def _outcome(self, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
         """How the job ended, for the finish script."""
@@ -429,12 +435,29 @@ class BatchWorker(SimpleWorker):
         info.pop("content_type", None)
         if job.enqueued_at:
             info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
+        observed: metrics.Increments = {}
+        _observe(observed, item)
         if item.error is None:
             ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
-            return Outcome(job, True, item.output, int(ttl), info, runner.config.name)
+            return Outcome(job, True, item.output, int(ttl), info, runner.config.name, metrics=observed)
         info["error"] = item.error
         ttl = job.failure_ttl or self.settings.failure_ttl_s
-        return Outcome(job, False, item.traceback or item.error, int(ttl), info, runner.config.name)
+        note = metrics.failure_record(metrics.failure_class(item.error), item.error)
+        value = item.traceback or item.error
+        return Outcome(job, False, value, int(ttl), info, runner.config.name, metrics=observed, failures=[note])
+
+
+def _observe(acc: metrics.Increments, item: Item) -> None:
+    """What one item adds to its model's metrics when its job ends (counted only if it ends here)."""
+    job = item.job
+    ended_at = job.ended_at or now()
+    queued_s = (job.started_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
+    end_to_end_s = (ended_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
+    inference_s = float(item.info.get("inference_ms") or 0.0) / 1000.0
+    status, reason = "finished", None
+    if item.error is not None:
+        status, reason = "failed", metrics.failure_class(item.error)
+    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
 
 
 def _jobs(items: list[Item]) -> list[Claimed]:

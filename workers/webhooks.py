@@ -33,7 +33,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import keys, signing
+from shared import keys, metrics, signing
 from shared.errors import InvalidInput, NotFound
 from shared.jobs import get_job_view, isoformat, utcnow
 from shared.lifecycle import bulk, layout
@@ -76,11 +76,13 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
     # webhook-id stays the same across retries so receivers can deduplicate.
     headers = signing.headers(secret, f"msg_{job_id}", body)
     record: dict[str, Any] = {"attempt": attempt, "at": isoformat(utcnow())}
+    sent_at = time.perf_counter()
     with Deadline(settings.webhook_timeout_s) as deadline:
         answer = send(url, body, headers, settings.webhook_allow, deadline)
+    took_s = time.perf_counter() - sent_at
     if answer.refused:
         record |= {"error": answer.error, "outcome": "refused"}
-        _record(connection, settings, job_id, record)
+        _record(connection, settings, job_id, record, took_s)
         return {"job_id": job_id, **record}
     if answer.error is not None:
         record["error"] = answer.error
@@ -97,7 +99,7 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
         record["next_attempt_in_s"] = delay
         _schedule(connection, settings, job_id, attempt + 1, delay)
     record["outcome"] = "delivered" if delivered else ("retrying" if "next_attempt_in_s" in record else "gave up")
-    _record(connection, settings, job_id, record)
+    _record(connection, settings, job_id, record, took_s)
     log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
     return {"job_id": job_id, **record}
 
@@ -264,11 +266,19 @@ def send(url: str, body: bytes, headers: dict[str, str], allow: Iterable[str], d
     )
 
 
-def _record(connection: Redis, settings: Settings, job_id: str, record: dict[str, Any]) -> None:
+def _record(connection: Redis, settings: Settings, job_id: str, record: dict[str, Any], took_s: float) -> None:
+    """The attempt in the job's list, and counted in the cluster's metrics, in one round trip."""
     attempts_key = keys.webhook_attempts_key(job_id)
+    outcome = {"delivered": "delivered", "retrying": "retrying"}.get(record["outcome"], "gave_up")  # refused too
+    counted: metrics.Increments = {}
+    metrics.count(counted, "outcome", outcome)
+    metrics.observe(counted, metrics.WEBHOOK_HISTOGRAM, took_s, metrics.TIME_BUCKETS_S)
     with connection.pipeline(transaction=True) as pipe:
         pipe.rpush(attempts_key, json.dumps(record))
         pipe.expire(attempts_key, settings.webhook_ttl_s)
+        for name, value in counted.items():
+            pipe.hincrbyfloat(keys.WEBHOOK_METRICS_KEY, name, value)
+        pipe.expire(keys.WEBHOOK_METRICS_KEY, metrics.TOTALS_TTL_S)
         pipe.execute()
 
 

@@ -22,7 +22,7 @@ from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
-from shared.lifecycle import layout, scripts
+from shared.lifecycle import layout, scripts, store
 from shared.settings import Settings
 
 CHUNK_CONTENT_TYPE = "application/vnd.inferq.chunk+json"
@@ -202,7 +202,9 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in chunk_ids]
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
+    fixed += store.metrics_keys(model.decode())[:2]
     args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
+    args += store.metrics_args()
     args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
     return _text(scripts.CANCEL_BATCH(connection, fixed, per_chunk, args)[0])
 

@@ -70,6 +70,35 @@ local function chunk_from(info)
   if redis.call('HEXISTS', info, 'counted') == 1 then return 'running' end
   return 'queued'
 end
+-- Metrics (shared/metrics.py): ARGV's group of five, then increments summed over the run and added once
+-- per field to a model's totals and its current window (each refreshed with its TTL), and its recent failures.
+local function read_metrics(at)
+  return {ttl = tonumber(ARGV[at]), window_ttl = tonumber(ARGV[at + 1]), keep = tonumber(ARGV[at + 2]),
+          failures_ttl = tonumber(ARGV[at + 3]), now = tonumber(ARGV[at + 4])}, at + 5
+end
+local function metrics_add(acc, incs)
+  for name, v in pairs(incs) do acc[name] = (acc[name] or 0) + v end
+end
+local function metrics_write(acc, key, ttl)
+  local any = false
+  for name, v in pairs(acc) do
+    redis.call('HINCRBYFLOAT', key, name, v)
+    any = true
+  end
+  if any then redis.call('EXPIRE', key, ttl) end
+end
+local function metrics_flush(acc, m, totals, window)
+  metrics_write(acc, totals, m.ttl)
+  metrics_write(acc, window, m.window_ttl)
+end
+local function note_failure(key, m, record)
+  redis.call('LPUSH', key, record)
+  redis.call('LTRIM', key, 0, m.keep - 1)
+  redis.call('EXPIRE', key, m.failures_ttl)
+end
+local function note_reason(key, m, reason, text)
+  note_failure(key, m, cjson.encode({at = m.now, reason = reason, error = text}))
+end
 -- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set}
 local function announce(d)
   if redis.call('EXISTS', d.info) == 1 then
@@ -182,12 +211,12 @@ return {'ok', ''}
 # re-created (announced `expired` if its queue deadline passed unrun); one no longer queued or
 # flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
 # started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
-# and, for started ones, the hash fields, the input and the info hash.
-# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, delivery
-# template, then per job its id and a new execution id.
+# and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
+# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, metrics group,
+# delivery template, then per job its id and a new execution id.
 START = Script(
     "start",
-    ("intermediate", "started", "hook_queue", "queues"),
+    ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures"),
     # record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
     per_item=(
         "job",
@@ -205,7 +234,9 @@ START = Script(
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local tpl, at = read_template(10)
+local m, after_metrics = read_metrics(10)
+local tpl, at = read_template(after_metrics)
+local acc = {}
 local FIELDS = {'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
 local out, started = {}, {}
 local n = 0
@@ -224,6 +255,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
       batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
+      metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
+      note_reason(KEYS[7], m, 'Expired', 'expired: still queued when the batch window ended')
     end
     local deadline = tonumber(redis.call('HGET', info, 'deadline') or '')
     if deadline and deadline <= now_s and redis.call('HEXISTS', info, 'batch_size') == 0
@@ -232,7 +265,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
                  job_id = id, model = model, status = 'expired', ttl = redis.call('TTL', info), stamp = stamp,
                  channel = channel, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
       if d.ttl < 1 then d.ttl = tpl.ttl end
-      if announce(d) then state = 'expired' end
+      if announce(d) then
+        state = 'expired'
+        metrics_add(acc, {['ended:expired'] = 1, ['failed:Expired'] = 1})
+        note_reason(KEYS[7], m, 'Expired', 'expired: still queued when its deadline passed; it never ran')
+      end
     end
     out[n] = {id, state}
   elseif redis.call('HGET', job, 'status') ~= 'queued' or redis.call('HEXISTS', info, 'canceled') == 1 then
@@ -260,6 +297,7 @@ end
 for _, id in ipairs(started) do
   redis.call('PUBLISH', channel, cjson.encode({id = id, model = model, status = 'started', batch_size = #started}))
 end
+metrics_flush(acc, m, KEYS[5], KEYS[6])
 return out
 """,
 )
@@ -268,11 +306,13 @@ return out
 # client canceled, RQ's maintenance failed or requeued, or another worker took over meanwhile keeps
 # that state (its result is dropped); the rest get their status, RQ result, registry entry and info,
 # then their event and webhook. The execution always leaves; the input too unless the job will run
-# again. Returns {vanished ids, superseded ids}.
-# ARGV: now, channel, worker, working seconds, delivery template, then one JSON entry per job.
+# again. Each job that ends here adds its metrics (entry field `m`; failures `f`), the batch its own.
+# Returns {vanished ids, superseded ids}.
+# ARGV: now, channel, worker, working seconds, metrics group, the batch's metrics (JSON), delivery
+# template, then one JSON entry per job.
 FINISH = Script(
     "finish",
-    ("started", "finished", "failed", "hook_queue", "queues", "worker"),
+    ("started", "finished", "failed", "hook_queue", "queues", "worker", "metrics", "window", "failures"),
     per_item=(
         "job",
         "info",
@@ -289,7 +329,9 @@ FINISH = Script(
     source=_ANNOUNCE
     + """
 local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local tpl, at = read_template(5)
+local m, after_metrics = read_metrics(5)
+local acc = cjson.decode(ARGV[after_metrics])
+local tpl, at = read_template(after_metrics + 1)
 local function flat(t)
   local out = {}
   for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
@@ -321,6 +363,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
+      if j.m then metrics_add(acc, j.m) end
+      if j.f then
+        for _, record in ipairs(j.f) do note_failure(KEYS[9], m, record) end
+      end
       if j.lines then
         local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]}
         batch_progress(record, results, j.lines, j.moved, j.ended_at, channel, hook)
@@ -338,13 +384,14 @@ end
 if counts.finished > 0 then redis.call('HINCRBY', KEYS[6], 'successful_job_count', counts.finished) end
 if counts.failed > 0 then redis.call('HINCRBY', KEYS[6], 'failed_job_count', counts.failed) end
 redis.call('HINCRBYFLOAT', KEYS[6], 'total_working_time', working)
+metrics_flush(acc, m, KEYS[7], KEYS[8])
 return {vanished, superseded}
 """,
 )
 
 # A client's cancel of a queued or started job. Returns {'ok'}, {'missing'}, {'moved'} (its origin
 # is not the queue the caller read: read again) or {'conflict', status}.
-# ARGV: job id, owner ('' for any), origin, ttl, now, stamp, channel, delivery template.
+# ARGV: job id, owner ('' for any), origin, ttl, now, stamp, channel, metrics group, delivery template.
 CANCEL = Script(
     "cancel",
     (
@@ -359,13 +406,16 @@ CANCEL = Script(
         "delivery",
         "hook_queue",
         "queues",
+        "metrics",
+        "window",
     ),
     source=_ANNOUNCE
     + """
 local job, info = KEYS[1], KEYS[2]
 local id, owner, origin, ttl, now_s, stamp, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]),
   tonumber(ARGV[5]), ARGV[6], ARGV[7]
-local tpl = read_template(8)
+local m, after_metrics = read_metrics(8)
+local tpl = read_template(after_metrics)
 if redis.call('HEXISTS', job, 'status') == 0 or redis.call('HEXISTS', job, 'origin') == 0 then return {'missing'} end
 if owner ~= '' and redis.call('HGET', info, 'owner') ~= owner then return {'missing'} end
 if redis.call('HGET', job, 'origin') ~= origin then return {'moved'} end
@@ -388,23 +438,39 @@ redis.call('DEL', KEYS[3])
 announce({info = info, attempts = KEYS[8], delivery = KEYS[9], job_id = id,
           model = redis.call('HGET', info, 'model') or '', status = 'canceled', ttl = ttl, stamp = stamp,
           channel = channel, tpl = tpl, hook_queue = KEYS[10], queues_set = KEYS[11]})
+metrics_flush({['ended:canceled'] = 1}, m, KEYS[12], KEYS[13])
 return {'ok'}
 """,
 )
 
 # Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
-# once. ARGV: failure ttl, stamp, channel, delivery template, then per job its id. Returns the ids told.
+# once, and counted. ARGV: failure ttl, stamp, channel, metrics group, delivery template, then per job
+# its id. Returns the ids told.
 ANNOUNCE_FAILED = Script(
     "announce-failed",
     ("hook_queue", "queues"),
-    per_item=("job", "info", "attempts", "delivery", "payload", "record", "results", "batch_delivery"),
+    per_item=(
+        "job",
+        "info",
+        "attempts",
+        "delivery",
+        "payload",
+        "record",
+        "results",
+        "batch_delivery",
+        "metrics",
+        "window",
+        "failures",
+    ),
     source=_ANNOUNCE
     + """
 local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local tpl, at = read_template(4)
+local m, after_metrics = read_metrics(4)
+local tpl, at = read_template(after_metrics)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, attempts, delivery, payload, record, results, batch_delivery = unpack(KEYS, k, k + STRIDE - 1)
+  local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures =
+    unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
   local id = ARGV[at + n]
   n = n + 1
@@ -421,6 +487,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
                  stamp = stamp, channel = channel, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}) then
       redis.call('EXPIRE', info, ttl)
       told[#told + 1] = id
+      local weight = math.max(items, 1)
+      metrics_flush({['ended:failed'] = weight, ['failed:WorkerDied'] = weight}, m, totals, window)
+      note_reason(failures, m, 'WorkerDied',
+                  'the worker running this job died (killed or crashed) and no retries were left')
     end
   end
 end
@@ -525,17 +595,19 @@ return {'ok', ''}
 # A client's cancel of a bulk batch: every chunk still queued is canceled (a line per item), chunks
 # running finish; {'ok'}, {'missing'} or {'ended'}.
 # KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the
-# queues set; per chunk: job, info, payload. ARGV: owner ('' for any), canceled ttl, now, stamp, channel,
-# delivery template.
+# queues set, the model's metrics and window; per chunk: job, info, payload. ARGV: owner ('' for any),
+# canceled ttl, now, stamp, channel, metrics group, delivery template.
 CANCEL_BATCH = Script(
     "cancel-batch",
-    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues"),
+    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window"),
     per_item=("job", "info", "payload"),
     source=_ANNOUNCE
     + """
 local record, results = KEYS[1], KEYS[2]
 local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local tpl = read_template(6)
+local m, after_metrics = read_metrics(6)
+local tpl = read_template(after_metrics)
+local acc = {}
 local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = KEYS[7]}
 if redis.call('EXISTS', record) == 0 then return {'missing'} end
 if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
@@ -555,8 +627,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('DEL', payload)
     redis.call('EXPIRE', job, ttl)
     redis.call('EXPIRE', info, ttl)
+    metrics_add(acc, {['ended:canceled'] = items})
   end
 end
+metrics_flush(acc, m, KEYS[8], KEYS[9])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_s)
 if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
 return {'ok'}

@@ -25,10 +25,11 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, str_to_date, utcformat
 
-from shared import keys
+from shared import keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
+from shared.metrics import Increments
 from shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
@@ -41,6 +42,18 @@ _TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed",
 
 def _template(settings: Settings) -> tuple[Any, ...]:
     return layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
+
+
+def metrics_args(at: float | None = None) -> list[Any]:
+    """The scripts' metrics group: totals TTL, window TTL, failures kept, their TTL, now."""
+    now_s = time.time() if at is None else at
+    return [metrics.TOTALS_TTL_S, metrics.WINDOW_TTL_S, metrics.FAILURES_KEPT, metrics.FAILURES_TTL_S, repr(now_s)]
+
+
+def metrics_keys(model: str, at: float | None = None) -> list[str]:
+    """A model's metrics totals, its current window and its recent failures."""
+    window = keys.metrics_window_key(model, metrics.window_start(at))
+    return [keys.metrics_key(model), window, keys.metrics_failures_key(model)]
 
 
 def _text(value: bytes | str) -> str:
@@ -144,11 +157,12 @@ def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None
         job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
         job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
         job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
+        job_keys += metrics_keys(keys.model_from_queue(qk.name))[:2]
         reply = scripts.CANCEL(
             connection,
             job_keys,
             args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
-            + [keys.EVENTS_CHANNEL, *_template(settings)],
+            + [keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)],
         )
         verdict = _text(reply[0])
         if verdict == "ok":
@@ -165,16 +179,22 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
     if not job_ids:
         return []
     hk = layout.hooks()
+    # The model each job counts under (RQ's maintenance path, not a batch's: one more round trip is fine).
+    with connection.pipeline(transaction=False) as pipe:
+        for i in job_ids:
+            pipe.hget(layout.job_key(i), "origin")
+        origins = cast(list[bytes | None], pipe.execute())
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
-        + [keys.payload_key(i), *_batch_keys(i)]
-        for i in job_ids
+        + [keys.payload_key(i), *_batch_keys(i), *metrics_keys(keys.model_from_queue(_text(origin or b"")))]
+        for i, origin in zip(job_ids, origins, strict=True)
     ]
     told = scripts.ANNOUNCE_FAILED(
         connection,
         [hk.queue, layout.QUEUES_SET],
         per_job,
-        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, *_template(settings), *job_ids],
+        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)]
+        + list(job_ids),
     )
     return [_text(i) for i in told]
 
@@ -298,11 +318,12 @@ def start(
     ]
     args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
     args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
-    args += [*_template(settings)]
+    args += [*metrics_args(), *_template(settings)]
     for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
         args += [job_id, execution_id]
     position = len(pipe)
-    scripts.START(pipe, [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET], per_job, args)
+    fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *metrics_keys(model)]
+    scripts.START(pipe, fixed, per_job, args)
     return StartCall(position, started_at, execution_ids)
 
 
@@ -363,6 +384,9 @@ class Outcome:
     # A bulk chunk: its items' result lines, and the counts they move in the batch record.
     lines: list[str] | None = None
     moved: dict[str, int] | None = None
+    # What the job adds to the model's metrics if it ends here (shared.metrics), and its failure records.
+    metrics: Increments | None = None
+    failures: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -378,6 +402,7 @@ def finish(
     worker_name: str,
     worker_key: str,
     working_s: float,
+    batch_metrics: Increments | None = None,
 ) -> FinishCall:
     """Queue the end of a batch into ``pipe``: results, registries, events and webhooks, atomically."""
     hk = layout.hooks()
@@ -399,12 +424,11 @@ def finish(
         )
         entries.append(_entry(outcome, worker_name, pipe))
     position = len(pipe)
-    scripts.FINISH(
-        pipe,
-        [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key],
-        per_job,
-        [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *_template(settings), *entries],
-    )
+    fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
+    fixed += metrics_keys(keys.model_from_queue(qk.name))
+    args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *metrics_args()]
+    args += [metrics.encode(batch_metrics or {}), *_template(settings), *entries]
+    scripts.FINISH(pipe, fixed, per_job, args)
     return FinishCall(position)
 
 
@@ -442,6 +466,10 @@ def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline) -> str:
     }
     if outcome.lines is not None:
         entry |= {"lines": outcome.lines, "moved": outcome.moved}
+    if outcome.metrics:
+        entry["m"] = outcome.metrics
+    if outcome.failures:
+        entry["f"] = outcome.failures
     return json.dumps(entry, separators=(",", ":"))
 
 

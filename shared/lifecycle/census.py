@@ -1,0 +1,117 @@
+"""The cluster as a scrape sees it: queues, workers and the metrics hashes, read in two round trips.
+
+Queue lengths and heads, the enqueue time of each head and the workers' registry are RQ's layout,
+so they are read here, beside the scripts that write them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from redis import Redis
+from rq.worker_registration import REDIS_WORKER_KEYS
+
+from shared import keys, metrics
+from shared.lifecycle import layout
+
+
+def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
+    """Every model's metrics totals, queue depth and oldest job per lane, and live workers by state."""
+    lanes = keys.LANES
+    with connection.pipeline(transaction=False) as pipe:
+        for model in models:
+            pipe.hgetall(keys.metrics_key(model))
+            for lane in lanes:
+                queue = layout.queue_keys(keys.queue_name(model, lane)).queue
+                pipe.llen(queue)
+                pipe.lindex(queue, 0)
+        pipe.hgetall(keys.WEBHOOK_METRICS_KEY)
+        pipe.hgetall(keys.HTTP_METRICS_KEY)
+        pipe.smembers(REDIS_WORKER_KEYS)
+        replies = pipe.execute()
+    states: dict[str, metrics.ModelState] = {}
+    heads: list[tuple[str, str, str]] = []  # (model, lane, job id)
+    at = 0
+    for model in models:
+        state = states[model] = metrics.ModelState(totals=metrics.decode(replies[at]))
+        at += 1
+        for lane in lanes:
+            depth, head = replies[at], replies[at + 1]
+            at += 2
+            state.depth[lane] = int(depth)
+            state.oldest_age_s[lane] = 0.0
+            if head is not None:
+                heads.append((model, lane, _text(head)))
+    webhooks, http, worker_keys = metrics.decode(replies[at]), metrics.decode(replies[at + 1]), replies[at + 2]
+    worker_keys = sorted(_text(k) for k in worker_keys)
+    with connection.pipeline(transaction=False) as pipe:
+        for _, _, job_id in heads:
+            pipe.hget(layout.job_key(job_id), "enqueued_at")
+        for key in worker_keys:
+            pipe.hmget(key, ["queues", "state"])
+        replies = pipe.execute()
+    now_s = time.time()
+    for (model, lane, _), enqueued in zip(heads, replies, strict=False):
+        when = _epoch(enqueued)
+        if when is not None:
+            states[model].oldest_age_s[lane] = max(0.0, now_s - when)
+    for queues, state_name in replies[len(heads) :]:
+        if queues is None:
+            continue  # the hash expired: a dead worker RQ has not pruned from its set yet
+        busy = _text(state_name or b"") == "busy"
+        served = {keys.model_from_queue(q) for q in _text(queues).split(",") if q and q != keys.WEBHOOK_QUEUE}
+        for model in served:
+            if model in states:
+                states[model].workers["busy" if busy else "idle"] += 1
+    return metrics.Cluster(states, webhooks, http)
+
+
+@dataclass(frozen=True)
+class Recent:
+    """A model's last windows (oldest first: start, fields) and its latest failures (newest first)."""
+
+    windows: list[tuple[int, dict[str, float]]]
+    failures: list[dict[str, Any]]
+
+
+def read_recent(connection: Redis, models: Sequence[str], windows: int, at: float | None = None) -> dict[str, Recent]:
+    """The status page's history: ``windows`` windows per model up to the current one, in one round trip."""
+    last = metrics.window_start(at)
+    starts = [last - metrics.WINDOW_S * i for i in range(windows - 1, -1, -1)]
+    with connection.pipeline(transaction=False) as pipe:
+        for model in models:
+            for start in starts:
+                pipe.hgetall(keys.metrics_window_key(model, start))
+            pipe.lrange(keys.metrics_failures_key(model), 0, metrics.FAILURES_KEPT - 1)
+        replies = pipe.execute()
+    out, at_reply = {}, 0
+    for model in models:
+        rows = [(start, metrics.decode(replies[at_reply + i])) for i, start in enumerate(starts)]
+        at_reply += len(starts)
+        failures = []
+        for raw in cast(list[bytes], replies[at_reply]):
+            try:
+                failures.append(json.loads(raw))
+            except ValueError:
+                continue
+        at_reply += 1
+        out[model] = Recent(rows, failures)
+    return out
+
+
+def _epoch(value: bytes | None) -> float | None:
+    if not value:
+        return None
+    try:  # RQ's utcformat
+        return datetime.fromisoformat(_text(value).rstrip("Z")).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
