@@ -26,6 +26,7 @@ function notice(text) {
 
 function seconds(value) {
   if (value === null || value === undefined) return "–";
+  if (value === 0) return "0 s";
   if (value < 0.001) return (value * 1e6).toFixed(0) + " µs";
   if (value < 1) return (value * 1000).toFixed(value < 0.01 ? 2 : 1) + " ms";
   return value.toFixed(2) + " s";
