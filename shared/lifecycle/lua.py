@@ -1,0 +1,105 @@
+"""Lua functions shared by the lifecycle scripts (``scripts``) that end a job or a bulk batch.
+
+They are prepended to each script's source: Redis runs every script on its own, with no shared library
+(Redis 7's functions would be one, but inferq supports Redis >= 6.2).
+"""
+
+from __future__ import annotations
+
+# Shared by the scripts that end a job: tell the world once (the info hash's `announced` field),
+# by a pub/sub event and, when the job has one, a webhook delivery queued as an RQ job.
+# A delivery's id is derived from its job's, so it can be queued only once.
+ANNOUNCE = """
+local function read_template(at)
+  local ttl, prefix, n = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
+  local fields = {}
+  for i = at + 3, at + 2 + 2 * n do fields[#fields + 1] = ARGV[i] end
+  return {ttl = ttl, prefix = prefix, fields = fields}, at + 3 + 2 * n
+end
+local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id, stamp)
+  local delivery_id = tpl.prefix .. job_id
+  if redis.call('EXISTS', delivery_key) == 1 then return end
+  redis.call('HSET', delivery_key, unpack(tpl.fields))
+  redis.call('HSET', delivery_key, 'created_at', stamp, 'enqueued_at', stamp, 'description', 'webhook for ' .. job_id)
+  redis.call('EXPIRE', delivery_key, tpl.ttl)
+  redis.call('RPUSH', hook_queue, delivery_id)
+  redis.call('SADD', queues_set, hook_queue)
+end
+-- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
+-- lines: JSON strings; moved: {field = n} added to the record's counts; hook: where the batch's own webhook
+-- delivery goes {delivery, tpl, hook_queue, queues_set}.
+local function batch_progress(record, results, lines, moved, stamp, channel, hook)
+  for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
+  for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
+  local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
+                       'model')
+  if r[6] or not r[1] then return end
+  if tonumber(r[2]) + tonumber(r[3]) + tonumber(r[4]) >= tonumber(r[1]) then
+    redis.call('HSET', record, 'ended_at', stamp)
+    redis.call('EXPIRE', record, tonumber(r[5]))
+    redis.call('EXPIRE', results, tonumber(r[5]))
+    redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
+    if redis.call('HEXISTS', record, 'webhook') == 1 then
+      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
+    end
+  end
+end
+-- The items of a chunk that ends without running (canceled, expired, its worker died): one line each.
+local function chunk_lines(payload, status, reason)
+  local body = redis.call('GET', payload)
+  local lines = {}
+  if not body then return lines end
+  for _, item in ipairs(cjson.decode(body).items) do
+    local line = {custom_id = item.custom_id, status = status}
+    if reason ~= '' then line.error = reason end
+    lines[#lines + 1] = cjson.encode(line)
+  end
+  return lines
+end
+-- Where a chunk's items were counted: 'running' once a worker started it, else 'queued'.
+local function chunk_from(info)
+  if redis.call('HEXISTS', info, 'counted') == 1 then return 'running' end
+  return 'queued'
+end
+-- Metrics (shared/metrics.py): ARGV's group of five, then increments summed over the run and added once
+-- per field to a model's totals and its current window (each refreshed with its TTL), and its recent failures.
+local function read_metrics(at)
+  return {ttl = tonumber(ARGV[at]), window_ttl = tonumber(ARGV[at + 1]), keep = tonumber(ARGV[at + 2]),
+          failures_ttl = tonumber(ARGV[at + 3]), now = tonumber(ARGV[at + 4])}, at + 5
+end
+local function metrics_add(acc, incs)
+  for name, v in pairs(incs) do acc[name] = (acc[name] or 0) + v end
+end
+local function metrics_write(acc, key, ttl)
+  local any = false
+  for name, v in pairs(acc) do
+    redis.call('HINCRBYFLOAT', key, name, v)
+    any = true
+  end
+  if any then redis.call('EXPIRE', key, ttl) end
+end
+local function metrics_flush(acc, m, totals, window)
+  metrics_write(acc, totals, m.ttl)
+  metrics_write(acc, window, m.window_ttl)
+end
+local function note_failure(key, m, record)
+  redis.call('LPUSH', key, record)
+  redis.call('LTRIM', key, 0, m.keep - 1)
+  redis.call('EXPIRE', key, m.failures_ttl)
+end
+local function note_reason(key, m, reason, text)
+  note_failure(key, m, cjson.encode({at = m.now, reason = reason, error = text}))
+end
+-- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set}
+local function announce(d)
+  if redis.call('EXISTS', d.info) == 1 then
+    if redis.call('HSETNX', d.info, 'announced', '1') == 0 then return false end
+    if redis.call('HEXISTS', d.info, 'webhook') == 1 then
+      redis.call('EXPIRE', d.attempts, d.ttl)
+      queue_delivery(d.tpl, d.hook_queue, d.queues_set, d.delivery, d.job_id, d.stamp)
+    end
+  end
+  redis.call('PUBLISH', d.channel, cjson.encode({id = d.job_id, model = d.model, status = d.status}))
+  return true
+end
+"""
