@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,19 @@ def _scaled_object_for(model: str) -> dict[str, Any]:
 
 
 # --- the set of manifests ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_kustomize_renders_the_manifests_with_the_registry_images() -> None:
+    result = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert sorted(_object_id(("", d)) for d in rendered) == sorted(_object_id(("", d)) for _, d in _objects())
+    images = {image["name"]: f"{image['newName']}:{image['newTag']}" for image in _kustomization()["images"]}
+    for doc in rendered:
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert container["image"] in images.values(), container["image"]
 
 
 def test_kustomization_applies_every_manifest() -> None:
@@ -520,3 +535,21 @@ def test_dashboard_filters_by_a_model_variable() -> None:
             assert 'model=~"$model"' in expr, expr
     assert dashboard["uid"] and all(panel["id"] for panel in _panels(dashboard))
     assert len({panel["id"] for panel in _panels(dashboard)}) == len(_panels(dashboard))
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
+def test_prometheus_accepts_the_config_and_the_dashboard_queries(tmp_path: Path) -> None:
+    config = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+    checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Prometheus's own parser on every dashboard expression: each one a recording rule.
+    exprs = [e for e in _expressions(_dashboard()) if not e.startswith("label_values")]
+    for variable, duration in GRAFANA_DURATIONS.items():
+        exprs = [e.replace(variable, duration) for e in exprs]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"r:{n}", "expr": e} for n, e in enumerate(exprs)]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(exprs)} rules found" in checked.stdout
