@@ -349,7 +349,9 @@ def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
 def _whole_command_error(exc: InferqError, base: str) -> ApiError:
     """An error that no other input would escape (the API is unreachable, the model unknown, the key refused)."""
     if isinstance(exc, TransportError):
-        return ApiError(_one_line(f"cannot reach the API at {base}: {exc.__cause__ or exc}"))
+        # httpx's own error says why (refused, timed out); some, such as a timeout, only by their type.
+        cause = exc.__cause__ or exc
+        return ApiError(_one_line(f"cannot reach the API at {base}: {str(cause) or type(cause).__name__}"))
     if isinstance(exc, APIError):
         return ApiError(_one_line(f"{base} answered {exc.status} {exc.code}: {exc.message}"))
     return ApiError(_one_line(str(exc)))
@@ -360,10 +362,8 @@ def _one_line(text: str) -> str:
 
 
 def _submit_one(client: Client, model: str, wait_s: float, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON view) of one input: the job as the API answers a submit, or its refusal of this input.
-
-    The status is what the API answers a submit: 200 once the job ended, 202 while it waits or runs.
-    """
+    """(HTTP status, JSON view) of one input: the job, with 200 once it ended and 202 while it waits or runs (as the
+    API answers a submit), or the API's refusal of this input with its status."""
     try:
         job = client.run(model, timeout=wait_s, **request) if wait_s > 0 else client.submit(model, **request)
     except (JobFailed, WaitTimeout) as exc:
