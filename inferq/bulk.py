@@ -11,31 +11,34 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
-import logging
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 from tqdm import tqdm
+
+from inferq.client import Batch, Client, Conflict, InferqError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp"}
 # Per upload: well under the API's default INFERQ_MAX_BATCH_BYTES (256 MiB).
 UPLOAD_BYTES = 64 * 1024 * 1024
+# Per request: the API checks every line of an upload before it answers.
+UPLOAD_TIMEOUT_S = 300.0
 POLL_S = 0.5
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("batch", help="run files or JSONL through a model as bulk batches")
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``batch`` subcommand; the caller adds --api and --api-key, as for every command that uses the SDK."""
+    parser: argparse.ArgumentParser = sub.add_parser("batch", help="run files or JSONL through a model as bulk batches")
     parser.add_argument("model")
     parser.add_argument("paths", nargs="+", type=Path, help="image files, folders of images, JSONL files")
     parser.add_argument("--out", type=Path, default=Path("results.jsonl"), help="results JSONL (appended)")
     parser.add_argument("--priority", choices=("bulk", "interactive"), default="bulk")
-    parser.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
-    parser.add_argument("--api-key", default=None, help="a key of INFERQ_API_KEYS, when set")
+    return parser
 
 
 class BatchError(RuntimeError):
@@ -102,69 +105,50 @@ def uploads(lines: Iterator[tuple[str, bytes]], skip: set[str]) -> Iterator[list
         yield group
 
 
-def _check(response: httpx.Response) -> dict[str, Any]:
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:200]
-        raise BatchError(f"{response.request.method} {response.request.url.path}: {response.status_code} {message}")
-    media_type = response.headers.get("content-type", "").split(";")[0].strip()
-    return dict(response.json()) if media_type == "application/json" else {}
-
-
-def cmd_batch(args: argparse.Namespace, base: str) -> int:
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise, through the progress bar
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+def cmd_batch(args: argparse.Namespace, client: Client) -> int:
+    """Upload, follow and write the results; 0 when every batch ended, 1 on an error, 130 at Ctrl-C."""
     skip = done_ids(args.out)
-    batches: list[dict[str, Any]] = []
+    batches: list[Batch] = []
     try:
-        with httpx.Client(base_url=base, headers=headers, timeout=300) as client:
-            try:
-                for group in uploads(lines_of(args.paths), skip):
-                    accepted = _check(
-                        client.post(
-                            f"/v1/models/{args.model}/batches",
-                            content=b"\n".join(group) + b"\n",
-                            params={"priority": args.priority},
-                            headers={"content-type": "application/jsonl"},
-                        )
-                    )
-                    batches.append({"id": accepted["id"], "total": accepted["total"], "read": 0})
-                    for refused in accepted.get("refused", []):
-                        print(f"refused: {refused['error']}", file=sys.stderr)
-                if not batches:
-                    print(f"nothing to do: every item is already in {args.out}" if skip else "no items found")
-                    return 0
-                _follow(client, batches, args.out, len(skip))
-            except KeyboardInterrupt:
-                for batch in batches:
-                    client.post(f"/v1/batches/{batch['id']}/cancel")
-                print(f"\ncanceled; what finished is in {args.out}", file=sys.stderr)
-                return 130
-    except (BatchError, httpx.HTTPError, OSError) as exc:
+        try:
+            for group in uploads(lines_of(args.paths), skip):
+                batch = client.create_batch(args.model, group, priority=args.priority)
+                batches.append(batch)
+                for refused in batch.refused:
+                    print(f"refused: {refused.error}", file=sys.stderr)
+            if not batches:
+                print(f"nothing to do: every item is already in {args.out}" if skip else "no items found")
+                return 0
+            _follow(client, batches, args.out, len(skip))
+        except KeyboardInterrupt:
+            for batch in batches:
+                with contextlib.suppress(Conflict):  # it had ended
+                    client.cancel_batch(batch.id)
+            print(f"\ncanceled; what finished is in {args.out}", file=sys.stderr)
+            return 130
+    except (BatchError, InferqError, OSError) as exc:
         print(f"inferq batch: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _follow(client: httpx.Client, batches: list[dict[str, Any]], out: Path, already: int) -> None:
+def _follow(client: Client, batches: list[Batch], out: Path, already: int) -> None:
     """Append result lines as they arrive, with a progress bar, until every batch has ended."""
-    total = sum(b["total"] for b in batches)
+    read = {batch.id: 0 for batch in batches}
+    total = sum(batch.total for batch in batches)
     with out.open("ab") as sink, tqdm(total=total, unit="item", desc="items", dynamic_ncols=True) as bar:
         if already:
             bar.write(f"skipping {already} item(s) already in {out}")
-        while batches:
-            for batch in list(batches):
-                response = client.get(f"/v1/batches/{batch['id']}/results", params={"offset": batch["read"]})
-                _check(response)
-                lines = [line for line in response.content.splitlines() if line.strip()]
-                for line in lines:
-                    sink.write(line + b"\n")
+        following = list(batches)
+        while following:
+            for batch in list(following):
+                # One read of each batch per round: a single bar over all of them, resumed at the lines read.
+                for line in client.batch_results(batch.id, offset=read[batch.id]):
+                    sink.write(json.dumps(line.to_dict(), separators=(",", ":")).encode() + b"\n")
+                    read[batch.id] += 1
+                    bar.update(1)
                 sink.flush()
-                batch["read"] += len(lines)
-                bar.update(len(lines))
-                if batch["read"] >= batch["total"]:
-                    batches.remove(batch)
-            if batches:
+                if read[batch.id] >= batch.total:
+                    following.remove(batch)
+            if following:
                 time.sleep(POLL_S)

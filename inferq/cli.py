@@ -15,6 +15,18 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from inferq import bulk as bulk_cli
+from inferq.client import (
+    APIError,
+    Client,
+    Conflict,
+    InferqError,
+    InvalidInput,
+    JobFailed,
+    PayloadTooLarge,
+    QueueFull,
+    TransportError,
+    WaitTimeout,
+)
 from inferq.supervisor import EXIT_CONFIG
 from shared.errors import AppError, ConfigError
 from shared.settings import Settings, get_settings
@@ -68,12 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--text", help='a text, sent as {"inputs": TEXT} (text models)')
     submit.add_argument("--wait", type=float, default=0.0, help="seconds to wait for each result")
     submit.add_argument("--webhook", help="URL to POST the finished job to")
-    submit.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
+    submit.add_argument("--priority", choices=("interactive", "bulk"), help="the lane (the API's default: interactive)")
+    add_api_options(submit)
 
     models = sub.add_parser("models", help="list the models the API serves")
-    models.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
-    bulk_cli.add_parser(sub)
+    add_api_options(models)
+    add_api_options(bulk_cli.add_parser(sub))
     return parser
+
+
+def add_api_options(parser: argparse.ArgumentParser) -> None:
+    """--api and --api-key, for the commands that talk to the API through the SDK."""
+    parser.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
+    parser.add_argument("--api-key", help="a key of the API's INFERQ_API_KEYS, when it has them")
 
 
 def _max_wait_ms(value: str) -> float:
@@ -277,99 +296,119 @@ def _api_base(args: argparse.Namespace) -> str:
 
 
 class ApiError(AppError):
-    """The API could not be reached, or answered something that is not inferq's JSON."""
+    """The API could not be reached, or refused the whole command (an unknown model, a missing or wrong key)."""
 
 
-def _answer(response: Any) -> dict[str, Any]:
-    """The JSON body of an API answer; an error body's message, or a readable ApiError."""
-    try:
-        body = response.json()
-    except ValueError:
-        raise ApiError(f"{response.request.url} answered {response.status_code}, not JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(f"{response.request.url} answered {response.status_code} with unexpected JSON")
-    return body
+# What a JSON body may hold besides "inputs": the SDK's submit options, named as the API names them.
+BODY_OPTIONS = ("webhook", "priority", "result_ttl", "ttl")
 
 
 def _submissions(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
-    """(what, httpx request arguments) per input, every file read first: a missing one submits nothing."""
+    """(what, ``Client.submit`` arguments) per input, every file read first: a missing one submits nothing."""
     out: list[tuple[str, dict[str, Any]]] = []
-    extra = {"webhook": args.webhook} if args.webhook else {}
+    flags = {name: getattr(args, name) for name in ("webhook", "priority") if getattr(args, name)}
     for path in args.files:
         try:
             content = path.read_bytes()
         except OSError as exc:
             raise AppError(f"cannot read {path}: {exc.strerror or exc}") from None
         if path.suffix.lower() == ".json":
-            out.append((str(path), {"json": _json_body(content.decode(errors="replace"), str(path), extra)}))
+            out.append((str(path), _json_body(content.decode(errors="replace"), str(path)) | flags))
         else:
-            out.append(
-                (str(path), {"files": {"file": (path.name, content, "application/octet-stream")}, "data": extra})
-            )
+            out.append((str(path), {"file": (path.name, content), **flags}))
     if args.json is not None:
-        out.append(("--json", {"json": _json_body(args.json, "--json", extra)}))
+        out.append(("--json", _json_body(args.json, "--json") | flags))
     if args.text is not None:
-        out.append(("--text", {"json": {"inputs": args.text, **extra}}))
+        out.append(("--text", {"inputs": args.text, **flags}))
     if not out:
         raise AppError("nothing to submit: give FILE..., --json BODY or --text TEXT")
     return out
 
 
-def _json_body(text: str, what: str, extra: dict[str, str]) -> dict[str, Any]:
+def _json_body(text: str, what: str) -> dict[str, Any]:
     try:
         body = json.loads(text)
     except ValueError as exc:
         raise AppError(f"{what} is not JSON: {exc}") from None
     if not isinstance(body, dict) or "inputs" not in body:
         raise AppError(f'{what} must be a JSON object with "inputs", e.g. {{"inputs": [[0.1, 0.2]]}}')
-    return {**body, **extra}
+    unknown = sorted(set(body) - {"inputs", *BODY_OPTIONS})
+    if unknown:
+        raise AppError(
+            f"{what} has unknown fields: {', '.join(unknown)} (it may hold inputs, {', '.join(BODY_OPTIONS)})"
+        )
+    if body["inputs"] is None:
+        raise AppError(f'{what}: "inputs" is null')
+    return body
+
+
+def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
+    return Client(_api_base(args), args.api_key, timeout=timeout)
+
+
+def _whole_command_error(exc: InferqError, base: str) -> ApiError:
+    """An error that no other input would escape (the API is unreachable, the model unknown, the key refused)."""
+    if isinstance(exc, TransportError):
+        # httpx's own error says why (refused, timed out); some, such as a timeout, only by their type.
+        cause = exc.__cause__ or exc
+        return ApiError(_one_line(f"cannot reach the API at {base}: {str(cause) or type(cause).__name__}"))
+    if isinstance(exc, APIError):
+        return ApiError(_one_line(f"{base} answered {exc.status} {exc.code}: {exc.message}"))
+    return ApiError(_one_line(str(exc)))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _submit_one(client: Client, model: str, wait_s: float, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON view) of one input: the job, with 200 once it ended and 202 while it waits or runs (as the
+    API answers a submit), or the API's refusal of this input with its status."""
+    try:
+        job = client.run(model, timeout=wait_s, **request) if wait_s > 0 else client.submit(model, **request)
+    except (JobFailed, WaitTimeout) as exc:
+        job = exc.job
+    except (InvalidInput, PayloadTooLarge, QueueFull, Conflict) as exc:
+        # Refused for this input alone: the others may still go.
+        return exc.status, {"error": {"code": exc.code, "message": exc.message}}
+    return (200 if job.done else 202), job.to_dict()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    import httpx
-
-    base = _api_base(args)
-    url = f"{base}/v1/models/{args.model}/jobs"
+    submissions = _submissions(args)
     failed = 0
-    headers = {"Prefer": f"wait={args.wait:g}"} if args.wait else {}
-    with httpx.Client(timeout=max(30.0, args.wait + 10)) as client:
-        for what, request in _submissions(args):
+    with _client(args) as client:
+        for what, request in submissions:
             try:
-                response = client.post(url, headers=headers, **request)
-            except httpx.HTTPError as exc:
-                raise ApiError(f"cannot reach the API at {base}: {exc}") from None
-            body = _answer(response)
-            failed += response.status_code >= 400 or body.get("status") == "failed"
-            print(json.dumps({"input": what, "http_status": response.status_code, **body}), flush=True)
+                status, view = _submit_one(client, args.model, args.wait, request)
+            except InferqError as exc:
+                raise _whole_command_error(exc, client.base_url) from None
+            failed += status >= 400 or view.get("status") == "failed"
+            print(json.dumps({"input": what, "http_status": status, **view}), flush=True)
     return 1 if failed else 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    import httpx
-
-    base = _api_base(args)
-    try:
-        response = httpx.get(f"{base}/v1/models", timeout=10)
-    except httpx.HTTPError as exc:
-        raise ApiError(f"cannot reach the API at {base}: {exc}") from None
-    body = _answer(response)
-    if response.status_code != 200:
-        message = (body.get("error") or {}).get("message", "")
-        raise ApiError(f"{base}/v1/models answered {response.status_code}: {message}")
-    for model in body["models"]:
-        spec = model["input"]
+    with _client(args, timeout=10) as client:
+        try:
+            listing = client.models()
+        except InferqError as exc:
+            raise _whole_command_error(exc, client.base_url) from None
+    for model in listing.models:
+        spec = model.input
         shape = spec.get("size") or spec.get("shape") or (f"<={spec['max_chars']} chars" if "max_chars" in spec else "")
         print(
-            f"{model['name']:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model['max_batch']:<5} "
-            f"queued={model['queue_length']:<6} workers={model.get('workers', '?')}"
+            f"{model.name:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model.max_batch:<5} "
+            f"queued={model.queue_length:<6} workers={model.workers}"
         )
-    for invalid in body.get("invalid", []):
-        print(f"{invalid['name']:<20} not served: {invalid['error']}")
+    for invalid in listing.invalid:
+        print(f"{invalid.name:<20} not served: {invalid.error}")
     return 0
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    return bulk_cli.cmd_batch(args, _api_base(args))
+    with _client(args, timeout=bulk_cli.UPLOAD_TIMEOUT_S) as client:
+        return bulk_cli.cmd_batch(args, client)
 
 
 COMMANDS = {

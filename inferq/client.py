@@ -8,6 +8,7 @@
 
 Requests are retried with backoff on connection errors, 429 and 503, never sooner than ``Retry-After``. Every
 submit carries an ``Idempotency-Key`` (a uuid4 unless given), so a retried submit never makes a second job.
+Bulk batches (``create_batch``, ``get_batch``, ``batch_results``, ``cancel_batch``) are in ``inferq.client_bulk``.
 
 Errors and results are in ``inferq.client_types`` (its docstring draws the error tree), all importable from here.
 """
@@ -26,9 +27,13 @@ from typing import Any
 
 import httpx
 
-from inferq.client_http import SSE, Base, Call, events_path, finished, model_list, raise_for, submit_call
+from inferq.client_bulk import AsyncBulkMethods, BulkMethods
+from inferq.client_http import SSE, Call, events_path, finished, model_list, raise_for, submit_call
 from inferq.client_types import (
     APIError,
+    Batch,
+    BatchResult,
+    BatchUrls,
     Conflict,
     InferqError,
     InvalidInput,
@@ -41,6 +46,7 @@ from inferq.client_types import (
     NotFound,
     PayloadTooLarge,
     QueueFull,
+    RefusedLine,
     Retry,
     TransportError,
     Unauthorized,
@@ -57,6 +63,9 @@ from inferq.client_types import (
 __all__ = [
     "APIError",
     "AsyncClient",
+    "Batch",
+    "BatchResult",
+    "BatchUrls",
     "Client",
     "Conflict",
     "InferqError",
@@ -70,6 +79,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "QueueFull",
+    "RefusedLine",
     "Retry",
     "TransportError",
     "Unauthorized",
@@ -86,7 +96,7 @@ __all__ = [
 POLL_S = 0.5
 
 
-class Client(Base):
+class Client(BulkMethods):
     """A synchronous client of one inferq API; use it as a context manager, or call ``close()``."""
 
     def __init__(
@@ -256,7 +266,7 @@ class Client(Base):
         return build(Model, self._send(Call("GET", f"/v1/models/{name}")).json())
 
 
-class AsyncClient(Base):
+class AsyncClient(AsyncBulkMethods):
     """The same client for asyncio: every method of ``Client``, awaited; ``events()`` is an async iterator."""
 
     def __init__(

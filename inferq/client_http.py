@@ -4,6 +4,7 @@ upload's bytes, error bodies as exceptions, Server-Sent Events, and when to retr
 from __future__ import annotations
 
 import io
+import json
 import mimetypes
 import os
 import uuid
@@ -28,13 +29,22 @@ class Call:
     json: Any = None
     data: dict[str, str] | None = None
     files: dict[str, tuple[str, bytes, str]] | None = None
+    content: bytes | None = None
     timeout_s: float | None = None
     # Safe to send twice (a GET, or a submit with its Idempotency-Key); otherwise retried only when never sent.
     repeatable: bool = True
 
 
 def upload(value: Any) -> tuple[str, bytes, str]:
-    """(file name, bytes, content type) of a path, bytes, a binary file object, or a PIL image."""
+    """(file name, bytes, content type) of a path, bytes, a binary file object, a PIL image, or a tuple.
+
+    A tuple is ``(file name, bytes)`` or ``(file name, bytes, content type)``, as httpx takes files; without a
+    content type it is guessed from the name.
+    """
+    if isinstance(value, tuple) and len(value) in (2, 3) and isinstance(value[1], bytes | bytearray | memoryview):
+        name = str(value[0])
+        guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return name, bytes(value[1]), str(value[2]) if len(value) == 3 else guessed
     if isinstance(value, str | os.PathLike):
         path = Path(value)
         return path.name, path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
@@ -47,7 +57,9 @@ def upload(value: Any) -> tuple[str, bytes, str]:
         buffer = io.BytesIO()
         value.save(buffer, format="PNG")
         return "image.png", buffer.getvalue(), "image/png"
-    raise TypeError(f"cannot upload a {type(value).__name__}: give a path, bytes, a binary file or a PIL image")
+    raise TypeError(
+        f"cannot upload a {type(value).__name__}: give a path, bytes, a binary file, a PIL image or (name, bytes)"
+    )
 
 
 def submit_call(model: str, options: dict[str, Any], wait_s: float = 0) -> Call:
@@ -65,6 +77,38 @@ def submit_call(model: str, options: dict[str, Any], wait_s: float = 0) -> Call:
         call.files = {"file": upload(file if file is not None else image)}
         call.data = {name: str(value) for name, value in chosen.items()}
     return call
+
+
+def jsonl(items: Any) -> bytes:
+    """An upload's JSONL: a path's file as it is, or one line per item (a mapping as JSON, a str or bytes as is)."""
+    if isinstance(items, str | os.PathLike):
+        body = Path(items).read_bytes()
+        return body if body.endswith(b"\n") or not body else body + b"\n"
+    if isinstance(items, bytes | bytearray | Mapping):
+        raise TypeError("give create_batch a path or an iterable of lines (mappings, or JSON text), not one item")
+    lines = []
+    for item in items:
+        if isinstance(item, Mapping):
+            lines.append(json.dumps(item, separators=(",", ":")).encode())
+        elif isinstance(item, str):
+            lines.append(item.encode())
+        elif isinstance(item, bytes | bytearray):
+            lines.append(bytes(item))
+        else:
+            raise TypeError(f"a batch line is a mapping, str or bytes, not a {type(item).__name__}")
+    return b"".join(line.rstrip(b"\r\n") + b"\n" for line in lines)
+
+
+def batch_call(model: str, items: Any, options: dict[str, Any]) -> Call:
+    """The upload of a bulk batch: JSONL, its options as query parameters, always with an Idempotency-Key."""
+    headers = {"Idempotency-Key": options.pop("idempotency_key") or uuid.uuid4().hex}
+    headers["Content-Type"] = "application/jsonl"
+    params = {name: value for name, value in options.items() if value is not None}
+    return Call("POST", f"/v1/models/{model}/batches", params=params, headers=headers, content=jsonl(items))
+
+
+def batch_path(batch_id: str, tail: str = "") -> str:
+    return f"/v1/batches/{batch_id}{tail}"
 
 
 def raise_for(response: httpx.Response) -> None:
@@ -121,7 +165,17 @@ class Base:
     def _kwargs(self, call: Call) -> dict[str, Any]:
         timeout = self.timeout + (call.timeout_s or 0)
         headers = self._headers | call.headers
-        return {"params": call.params, "headers": headers, "json": call.json, "data": call.data, "timeout": timeout}
+        return {
+            "params": call.params,
+            "headers": headers,
+            "json": call.json,
+            "data": call.data,
+            "content": call.content,
+            "timeout": timeout,
+        }
+
+    def _stream_kwargs(self, call: Call) -> dict[str, Any]:
+        return {"params": call.params, "headers": self._headers | call.headers, "timeout": self.timeout}
 
     def _delay(self, call: Call, attempt: int, outcome: httpx.Response | httpx.TransportError) -> float | None:
         """Seconds before retrying ``call`` after ``outcome``; None: do not retry."""

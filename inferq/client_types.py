@@ -23,12 +23,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 TERMINAL = ("finished", "failed", "canceled", "expired")
+# A bulk batch's statuses once it ended (every item has its result line).
+BATCH_ENDED = ("finished", "canceled")
 
 
 # Errors.
@@ -135,6 +137,11 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
+def _iso(value: datetime | None) -> str | None:
+    # As the API writes times: ISO 8601, UTC as "Z".
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
 def build(cls: type[T], data: Mapping[str, Any], **parsed: Any) -> T:
     """A result dataclass from the API's JSON, ``parsed`` values replacing raw ones; unknown fields are ignored."""
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
@@ -209,6 +216,13 @@ class Job:
         expires = _time(data.get("expires_at"))
         return build(cls, data, **times, expires_at=expires, webhook=webhook, urls=urls)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The job as JSON-ready data in the API's field names: times as ISO 8601 strings, every field present."""
+        data = asdict(self)
+        for name in ("created_at", "enqueued_at", "started_at", "ended_at", "expires_at"):
+            data[name] = _iso(data[name])
+        return data
+
 
 @dataclass(frozen=True)
 class Model:
@@ -222,6 +236,8 @@ class Model:
     max_batch: int = 0
     queue: str = ""
     queue_length: int = 0
+    # Jobs waiting per lane ("interactive", "bulk"); queue_length is their sum.
+    queue_lengths: dict[str, int] = field(default_factory=dict)
     workers: int = 0
 
 
@@ -239,6 +255,87 @@ class ModelList:
 
     models: list[Model]
     invalid: list[InvalidModel]
+
+
+@dataclass(frozen=True)
+class BatchUrls:
+    """Where to read, follow and cancel a bulk batch."""
+
+    self: str
+    results: str
+    cancel: str
+
+
+@dataclass(frozen=True)
+class RefusedLine:
+    """A line of an upload the API refused, by its number (from 1); it fails alone if it had a custom_id."""
+
+    line: int
+    error: str
+    custom_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A bulk batch as the API shows it: status, item counts, rate; an upload's answer also lists refused lines."""
+
+    id: str
+    model: str
+    status: str  # queued, running, finished or canceled
+    priority: str = "bulk"
+    counts: dict[str, int] = field(default_factory=dict)  # total, queued, running, finished, failed, canceled
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    items_per_s: float | None = None
+    eta_s: float | None = None
+    webhook: str | None = None
+    urls: BatchUrls | None = None
+    # Only in the answer to an upload: how many lines it refused, and the first of them.
+    refused_count: int = 0
+    refused: list[RefusedLine] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Items in the batch, each of which gets one result line (refused lines with a custom_id included)."""
+        return self.counts.get("total", 0)
+
+    @property
+    def done(self) -> bool:
+        """Whether the batch ended (finished or canceled): every item's result line is written."""
+        return self.status in BATCH_ENDED
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Batch:
+        """A batch from the API's JSON view."""
+        times = {name: _time(data.get(name)) for name in ("created_at", "started_at", "ended_at")}
+        urls = build(BatchUrls, data["urls"]) if isinstance(data.get("urls"), Mapping) else None
+        refused = [build(RefusedLine, item) for item in data.get("refused") or []]
+        return build(cls, data, **times, urls=urls, refused=refused)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One item's result line: ``finished`` with its ``result``, or ``failed``/``canceled``/``expired``."""
+
+    custom_id: str
+    status: str
+    result: Any = None
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchResult:
+        """A result line from its JSON."""
+        return build(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line as the API writes it: ``result`` on a finished item, ``error`` where there is one."""
+        data: dict[str, Any] = {"custom_id": self.custom_id, "status": self.status}
+        if self.status == "finished":
+            data["result"] = self.result
+        if self.error is not None:
+            data["error"] = self.error
+        return data
 
 
 # Retries.

@@ -18,6 +18,8 @@ import standardwebhooks
 
 from inferq.client import (
     AsyncClient,
+    Batch,
+    BatchResult,
     Client,
     Conflict,
     InvalidInput,
@@ -176,6 +178,7 @@ class _Proxy(BaseHTTPRequestHandler):
 
     target = ""
     script: list[str] = []
+    cut_after = 0  # lines sent before a "cut"
     seen: list[tuple[str, dict[str, str], bytes]] = []
 
     def _handle(self) -> None:
@@ -192,6 +195,14 @@ class _Proxy(BaseHTTPRequestHandler):
         forwarded = {k: v for k, v in headers.items() if k not in ("host", "content-length", "connection")}
         answer = httpx.request(self.command, self.target + self.path, headers=forwarded, content=body, timeout=60)
         if step == "drop":  # the API did the work; its answer is lost on the way back
+            self.close_connection = True
+            return
+        if step == "cut":  # the connection breaks after the answer's first lines
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", answer.headers["content-type"])
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(b"".join(answer.content.splitlines(keepends=True)[: self.cut_after]))
             self.close_connection = True
             return
         self.send_response(answer.status_code)
@@ -274,3 +285,74 @@ def test_a_real_delivery_verifies_like_the_standard_webhooks_library(client: Cli
     assert standardwebhooks.Webhook(WEBHOOK_SECRET).verify(body, headers)["id"] == job.id
     with pytest.raises(WebhookVerificationError):
         verify_webhook(WEBHOOK_SECRET, headers, body.replace(b"finished", b"failed__"))
+
+
+def _items(count: int, prefix: str) -> list[dict[str, Any]]:
+    return [{"custom_id": f"{prefix}-{n}", "inputs": [n, n]} for n in range(count)]
+
+
+def test_a_batch_is_uploaded_followed_to_its_end_and_read_again_from_an_offset(client: Client) -> None:
+    refused = ['{"custom_id": "short", "inputs": [1]}', b"not json"]
+    batch = client.create_batch("slow", [*_items(12, "b"), *refused])
+    assert isinstance(batch, Batch) and batch.model == "slow" and batch.priority == "bulk"
+    assert (batch.total, batch.refused_count) == (13, 2)  # a refused line with a custom_id fails alone
+    assert [(r.line, r.custom_id) for r in batch.refused] == [(13, "short"), (14, None)]
+    assert batch.urls is not None and batch.urls.results == f"{client.base_url}/v1/batches/{batch.id}/results"
+    lines = list(client.batch_results(batch.id, follow=True))
+    by_id = {line.custom_id: line for line in lines}
+    assert len(lines) == len(by_id) == 13
+    assert by_id["b-3"] == BatchResult("b-3", "finished", {"output": [3.0, 3.0]})
+    assert by_id["short"].status == "failed" and "line 13" in (by_id["short"].error or "")
+    ended = client.get_batch(batch.id)
+    assert ended.done and ended.status == "finished" and ended.ended_at is not None
+    assert ended.counts | {"finished": 12, "failed": 1, "total": 13} == ended.counts
+    # Read again: the same lines, from any offset; as the API writes them.
+    assert list(client.batch_results(batch.id, offset=10)) == lines[10:]
+    assert [line.custom_id for line in client.batch_results(batch.id, status="failed")] == ["short"]
+    raw = httpx.get(f"{client.base_url}/v1/batches/{batch.id}/results").text.splitlines()
+    assert [line.to_dict() for line in lines] == [json.loads(line) for line in raw]
+    with pytest.raises(Conflict):
+        client.cancel_batch(batch.id)
+    with pytest.raises(NotFound):
+        client.get_batch("no-such-batch")
+
+
+def test_a_batch_from_a_file_is_made_once_per_key_and_can_be_canceled(client: Client, tmp_path: Path) -> None:
+    source = tmp_path / "items.jsonl"
+    source.write_text("".join(json.dumps(item) + "\n" for item in _items(3, "c")))
+    batch = client.create_batch("once", source, priority="interactive", idempotency_key="upload-1")
+    again = client.create_batch("once", source, priority="interactive", idempotency_key="upload-1")
+    assert again.id == batch.id and batch.priority == "interactive" and batch.status == "queued"
+    assert client.model("once").queue_lengths["interactive"] >= 1
+    assert client.cancel_batch(batch.id).id == batch.id
+    lines = list(client.batch_results(batch.id, follow=True))
+    assert sorted((line.custom_id, line.status) for line in lines) == [(f"c-{n}", "canceled") for n in range(3)]
+    assert client.get_batch(batch.id).status == "canceled"
+
+
+def test_a_results_read_cut_off_resumes_where_it_stopped(client: Client, proxy: type[_Proxy]) -> None:
+    batch = client.create_batch("slow", _items(9, "r"))
+    expected = list(client.batch_results(batch.id, follow=True))
+    proxy.script, proxy.cut_after = ["cut"], 4
+    with Client(proxy.url, retry=QUICK) as through:  # type: ignore[attr-defined]
+        lines = list(through.batch_results(batch.id))
+    assert lines == expected
+    reads = [line for line, _, _ in proxy.seen if "/results" in line]
+    assert reads == [f"GET /v1/batches/{batch.id}/results?offset=0", f"GET /v1/batches/{batch.id}/results?offset=4"]
+
+
+def test_async_client_has_the_bulk_helpers(sdk_stack: Stack) -> None:
+    async def use() -> tuple[Batch, list[BatchResult], Batch]:
+        async with AsyncClient(sdk_stack.base, retry=QUICK) as inferq:
+            batch = await inferq.create_batch("slow", _items(3, "a"))
+            lines = [line async for line in inferq.batch_results(batch.id, follow=True)]
+            return batch, lines, await inferq.get_batch(batch.id)
+
+    batch, lines, ended = asyncio.run(use())
+    assert sorted(line.custom_id for line in lines) == ["a-0", "a-1", "a-2"]
+    assert ended.id == batch.id and ended.done and ended.counts["finished"] == 3
+
+
+def test_an_upload_may_be_a_name_and_bytes(client: Client, digits_heldout: tuple[Any, Any]) -> None:
+    job = client.run("digits", file=("digit.png", digits_heldout[0][5]), timeout=30)
+    assert job.result["label"] == digits_heldout[1][5]

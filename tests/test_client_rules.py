@@ -1,4 +1,5 @@
-"""The SDK's rules that need no server: webhook verification against the Standard Webhooks library, Retry-After."""
+"""The SDK's rules that need no server: webhook verification against the Standard Webhooks library, Retry-After,
+what an upload and a batch's JSONL are made of, and views that turn back into the API's JSON."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
+from pathlib import Path
 
 import pytest
 import standardwebhooks
 
-from inferq.client import Retry, WebhookVerificationError, retry_after_s, verify_webhook
+from inferq.client import BatchResult, Job, Retry, WebhookVerificationError, retry_after_s, verify_webhook
+from inferq.client_http import jsonl, upload
 from shared import signing
 from tests.stack import WEBHOOK_SECRET
 
@@ -98,3 +101,62 @@ def test_retries_wait_at_least_retry_after_and_give_up_past_the_cap() -> None:
     assert all((retry.delay_s(1, "3") or 0) >= 3 for _ in range(20))
     assert retry.delay_s(1, "11") is None  # longer than the caller would wait: the error reaches the caller
     assert all(0.05 <= (retry.delay_s(attempt) or 0) <= 0.1 * 2 ** (attempt - 1) for attempt in (1, 2, 3))
+
+
+def test_an_upload_may_be_a_name_and_bytes_as_httpx_takes_files() -> None:
+    assert upload(("note.txt", b"hi")) == ("note.txt", b"hi", "text/plain")
+    assert upload(("digit", b"\x89PNG", "image/png")) == ("digit", b"\x89PNG", "image/png")
+    assert upload(("blob", bytearray(b"x"))) == ("blob", b"x", "application/octet-stream")
+    with pytest.raises(TypeError):
+        upload(("name", "not bytes"))
+
+
+def test_a_batch_is_a_jsonl_file_as_it_is_or_one_line_per_item(tmp_path: Path) -> None:
+    source = tmp_path / "items.jsonl"
+    source.write_bytes(b'{"custom_id": "a", "inputs": 1}\n{"custom_id": "b", "inputs": 2}')
+    assert jsonl(source) == source.read_bytes() + b"\n"
+    assert jsonl(str(source)) == jsonl(source)
+    lines = [{"custom_id": "a", "inputs": [1, 2]}, '{"custom_id": "b"}\n', b'{"custom_id": "c"}\r\n']
+    assert jsonl(lines) == b'{"custom_id":"a","inputs":[1,2]}\n{"custom_id": "b"}\n{"custom_id": "c"}\n'
+    assert jsonl(iter([])) == b""
+    for wrong in ({"custom_id": "a"}, b'{"custom_id": "a"}', [3]):
+        with pytest.raises(TypeError):
+            jsonl(wrong)
+
+
+def test_views_turn_back_into_the_apis_json() -> None:
+    view = {
+        "id": "j1",
+        "model": "digits",
+        "status": "finished",
+        "created_at": "2026-01-02T03:04:05.123456Z",
+        "enqueued_at": "2026-01-02T03:04:05Z",
+        "started_at": None,
+        "ended_at": "2026-01-02T03:04:06.5Z",
+        "batch_size": 3,
+        "worker": "w",
+        "timings_ms": {"inference_ms": 1.5},
+        "result": {"label": "7"},
+        "error": None,
+        "expires_at": "2026-01-03T03:04:06.500000Z",
+        "webhook": {"url": "https://example.com/h", "attempts": [{"attempt": 1, "status_code": 204}]},
+        "urls": None,
+    }
+    job = Job.from_dict(view)
+    data = job.to_dict()
+    assert data["created_at"] == view["created_at"] and data["ended_at"] == "2026-01-02T03:04:06.500000Z"
+    assert data["webhook"]["attempts"][0] == {
+        "attempt": 1,
+        "at": None,
+        "status_code": 204,
+        "response_bytes": None,
+        "error": None,
+        "outcome": None,
+        "next_attempt_in_s": None,
+    }
+    assert Job.from_dict(data) == job and json.loads(json.dumps(data)) == data
+    for line in (
+        {"custom_id": "a", "status": "finished", "result": None},
+        {"custom_id": "b", "status": "failed", "error": "e"},
+    ):
+        assert BatchResult.from_dict(line).to_dict() == line

@@ -55,7 +55,7 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_services_exist() -> None:
-    assert {"redis", "api", "worker", "webhooks", "dashboard"} <= set(_services())
+    assert {"redis", "api", "worker", "webhooks", "dashboard", "prometheus", "grafana"} <= set(_services())
 
 
 def test_inferq_services_are_the_expected_ones() -> None:
@@ -160,3 +160,87 @@ def test_cli_help_lists_every_subcommand() -> None:
     assert set(choices.group(1).split(",")) == set(SUBCOMMANDS)
     for name in SUBCOMMANDS:
         assert re.search(rf"^\s+{name}\s", result.stdout, re.MULTILINE), f"{name} has no help line"
+
+
+# --- the ops profile: Prometheus scraping the API, Grafana with the inferq dashboard ---------------
+
+
+def _ops_service(name: str) -> dict[str, Any]:
+    service = _services()[name]
+    assert service.get("profiles") == ["ops"], f"{name} runs only with --profile ops"
+    return service
+
+
+def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> repository path, for the service's ./ bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, *_ = str(volume).split(":")
+        if source.startswith("./"):
+            mounts[target] = source
+    return mounts
+
+
+def _container_ports(service: dict[str, Any]) -> set[int]:
+    return {int(str(p).rsplit(":", 1)[-1]) for p in service.get("ports", [])}
+
+
+def test_ops_profile_has_prometheus_and_grafana_on_pinned_images() -> None:
+    ops = {name for name, svc in _services().items() if "ops" in svc.get("profiles", [])}
+    assert {"dashboard", "prometheus", "grafana"} <= ops
+    for name in ("prometheus", "grafana"):
+        image = _ops_service(name)["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: pin a version, not {image!r}"
+        # No login on Prometheus, and Grafana's admin password defaults: localhost only.
+        assert all(str(p).startswith("127.0.0.1:") for p in _ops_service(name)["ports"])
+    assert set(_compose()["volumes"]) >= {"prometheus-data", "grafana-data"}
+
+
+def test_ops_bind_mounts_exist_in_the_repository() -> None:
+    for name in ("prometheus", "grafana"):
+        mounts = _bind_mounts(_ops_service(name))
+        assert mounts, name
+        for target, source in mounts.items():
+            assert (ROOT / source).exists(), f"{name}: {source} (mounted on {target}) is not in the repository"
+        binds = [str(v) for v in _ops_service(name)["volumes"] if str(v).startswith("./")]
+        assert all(v.endswith(":ro") for v in binds), f"{name}: mount the repository's files read-only"
+
+
+def _prometheus_config() -> tuple[dict[str, Any], dict[str, Any]]:
+    prometheus = _ops_service("prometheus")
+    flags = dict(str(arg).removeprefix("--").split("=", 1) for arg in prometheus["command"])
+    source = _bind_mounts(prometheus)[flags["config.file"]]
+    config = yaml.safe_load((ROOT / source).read_text())
+    assert isinstance(config, dict)
+    return prometheus, config
+
+
+def test_prometheus_scrapes_the_api_service_on_its_port() -> None:
+    _, config = _prometheus_config()
+    (job,) = config["scrape_configs"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    targets = [target for group in job["static_configs"] for target in group["targets"]]
+    api_port = build_parser().parse_args(_argv(_services()["api"]["command"])[1:]).port
+    assert targets == [f"api:{api_port}"]
+    assert "api" in _services()
+
+
+def test_grafana_provisions_the_prometheus_service_and_the_dashboard() -> None:
+    grafana = _ops_service("grafana")
+    mounts = _bind_mounts(grafana)
+    provisioning = ROOT / mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    url = source["url"]
+    assert source["type"] == "prometheus" and source["isDefault"] is True
+    assert url.rsplit(":", 1)[0] == "http://prometheus"
+    assert int(url.rsplit(":", 1)[1]) in _container_ports(_ops_service("prometheus"))
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "inferq.yml").read_text())["providers"]
+    folder = provider["options"]["path"]
+    dashboards = ROOT / mounts[folder]
+    assert json.loads((dashboards / "inferq.json").read_text())["uid"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(folder + "/") and (dashboards / home.removeprefix(folder + "/")).is_file()
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert "prometheus" in grafana["depends_on"]

@@ -33,6 +33,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, metrics
 from shared.lifecycle import bulk, layout, store
+from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed, Outcome
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
@@ -91,6 +92,10 @@ class BatchWorker(SimpleWorker):
         self.batches_run = 0
 
     # -- RQ loop, with fewer round trips ---------------------------------------------------
+    def register_birth(self) -> None:
+        super().register_birth()
+        register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
@@ -341,8 +346,9 @@ class BatchWorker(SimpleWorker):
         qk = layout.queue_keys(queue.name)
         with self.connection.pipeline(transaction=True) as pipe:
             call = store.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, self._running_job_ttl_s())
+            # No current_job on the worker's hash: rq-dashboard reads that job with pickle whatever its
+            # --json says, and its workers page fails on a JSON job. The started registry names the batch.
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            self.set_current_job_id(job_ids[0], pipeline=pipe)
             self.heartbeat(heartbeat_ttl, pipeline=pipe)
             result = store.started(call, pipe.execute())
         if result.vanished or result.expired:
@@ -389,7 +395,6 @@ class BatchWorker(SimpleWorker):
             qk = layout.queue_keys(queue.name)
             batch = metrics.batch_increments(len(items))
             call = store.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
-            self.set_current_job_id(None, pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             vanished, superseded = store.finished(call, pipe.execute())
         if vanished:

@@ -37,6 +37,7 @@ from shared import keys, metrics, signing
 from shared.errors import InvalidInput, NotFound
 from shared.jobs import get_job_view, isoformat, utcnow
 from shared.lifecycle import bulk, layout
+from shared.lifecycle.queues import register_queues
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
@@ -327,6 +328,15 @@ class WebhookWorker(SimpleWorker):
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.settings.heartbeat_ttl_s
+
+    def register_birth(self) -> None:
+        super().register_birth()
+        register_queues(self.connection, self.queue_names())  # rq info lists the sender before any webhook
+
+    def set_current_job_id(self, job_id: str | None = None, pipeline: Any = None) -> None:
+        # Never names the delivery: rq-dashboard reads a worker's current job with pickle whatever its
+        # --json says, and its workers page fails on a JSON job. The started registry names it.
+        super().set_current_job_id(None, pipeline=pipeline)
 
     def execute_job(self, job: Any, queue: Queue) -> None:
         self.prepare_execution(job)
