@@ -193,3 +193,16 @@ def test_quantiles_interpolate_within_buckets_as_prometheus_does() -> None:
 )
 def test_failure_reasons_are_counted_by_a_bounded_class(error: str, reason: str) -> None:
     assert metrics.failure_class(error) == reason
+
+
+def test_webhook_attempts_count_by_outcome_with_refusals_as_gave_up(redis: redis_py.Redis, settings: Settings) -> None:
+    from workers import webhooks
+
+    for outcome in ("delivered", "retrying", "retrying", "gave up", "refused"):
+        webhooks._record(redis, settings, "job-1", {"attempt": 1, "outcome": outcome}, 0.02)
+    cluster = census.read_cluster(redis, [])
+    assert metrics.counters(cluster.webhooks, "outcome") == {"delivered": 1, "retrying": 2, "gave_up": 2}
+    hist = metrics.histogram(cluster.webhooks, metrics.WEBHOOK_HISTOGRAM, metrics.TIME_BUCKETS_S)
+    assert hist.count == 5 and math.isclose(hist.sum, 0.1)
+    assert redis.llen(keys.webhook_attempts_key("job-1")) == 5
+    assert 0 < redis.ttl(keys.WEBHOOK_METRICS_KEY) <= metrics.TOTALS_TTL_S
