@@ -75,14 +75,29 @@ GRAFANA_DURATIONS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range":
 
 
 def exposed_metric_names() -> set[str]:
-    """Every series name GET /metrics may carry; a histogram family exposes three.
-
-    The agreed list for now; once GET /metrics is merged, return the names a real scrape shows
-    instead (the dashboard tests call only this).
+    """Every series name GET /metrics carries, read from inferq's own exposition of a cluster where every kind of
+    count is present (a failure, a webhook delivery, an API request, a queue, workers): the collector the API serves.
     """
-    names: set[str] = set()
-    for family, kind in AGREED_METRICS.items():
-        names |= {f"{family}{suffix}" for suffix in ("_bucket", "_sum", "_count")} if kind == "histogram" else {family}
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shared import metrics
+
+    totals: metrics.Increments = {}
+    metrics.job_increments(totals, "failed", 0.2, 0.03, 0.25, reason="ModelError")
+    totals |= metrics.batch_increments(3)
+    http = metrics.RequestCounts()
+    http.add("/v1/jobs/{job_id}", "GET", 200, 0.004)
+    hooks: metrics.Increments = {}
+    metrics.count(hooks, "outcome", "delivered")
+    metrics.observe(hooks, metrics.WEBHOOK_HISTOGRAM, 0.05, metrics.TIME_BUCKETS_S)
+    model = metrics.ModelState(totals=totals, depth={"interactive": 2, "bulk": 1}, oldest_age_s={"interactive": 1.5})
+    cluster = metrics.Cluster({"digits": model}, metrics.decode(hooks), http.drain())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.ClusterCollector(lambda: cluster))
+    families = text_string_to_metric_families(generate_latest(registry).decode())
+    names = {sample.name for family in families for sample in family.samples}
+    assert {name for name in names if not name.startswith("inferq_")} == set()
     return names
 
 
@@ -516,6 +531,9 @@ def test_dashboard_uses_only_the_agreed_metrics() -> None:
 
 
 def test_dashboard_shows_every_agreed_metric() -> None:
+    exposed = exposed_metric_names()
+    families = {name.removesuffix("_bucket") for name in exposed if not name.endswith(("_sum", "_count"))}
+    assert families == set(AGREED_METRICS)  # the exposition has exactly the agreed families
     used = set().union(*(promql_metric_names(expr) for expr in _expressions(_dashboard())))
     for family, kind in AGREED_METRICS.items():
         wanted = f"{family}_bucket" if kind == "histogram" else family
