@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -163,7 +164,16 @@ def test_requests_count_by_route_template_and_status_across_both_api_processes(c
     missing = ("inferq_http_requests_total", (("method", "GET"), route, ("status", "404")))
     cancel_route = ("route", "/v1/jobs/{job_id}/cancel")
     cancel = ("inferq_http_requests_total", (("method", "POST"), cancel_route, ("status", "404")))
+    timed = ("inferq_http_request_seconds_count", (("method", "GET"), route))
+    # The earlier tests' polls of their jobs (GET /v1/jobs/{job_id}, 200) reach Redis at each process's next
+    # flush, once a second: start counting once the count has stopped moving across more than one flush.
     before = scrape(stack.base)
+    for _ in range(20):
+        time.sleep(1.5)
+        now = scrape(stack.base)
+        if now.get(timed) == before.get(timed):
+            break
+        before = now
     for base, count in ((stack.base, 3), (second, 4)):
         for i in range(count):
             assert httpx.get(f"{base}/v1/jobs/no-such-job-{i}").status_code == 404
@@ -181,5 +191,4 @@ def test_requests_count_by_route_template_and_status_across_both_api_processes(c
     after = scrape(stack.base)  # either process shows the whole cluster
     assert grown(after) == expected
     assert not any("no-such-job" in dict(labels).get("route", "") for _, labels in after)
-    timed = ("inferq_http_request_seconds_count", (("method", "GET"), route))
     assert after[timed] - before.get(timed, 0.0) == 7
