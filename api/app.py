@@ -10,6 +10,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool
+from redis.asyncio import Redis as AsyncRedis
 
 from api import errors
 from api.deps import AppState
@@ -23,6 +25,9 @@ from shared.rqjson import refuse_pickle
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+# Redis connections the submit and read paths share: a request holds one only while its command runs,
+# so a thousand waiting clients need no more; past this many commands at once, a request waits its turn.
+REDIS_POOL_SIZE = 16
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -43,13 +48,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
         connection = Redis.from_url(redis_url, health_check_interval=30)
+        pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_POOL_SIZE, health_check_interval=30)
+        aredis = AsyncRedis(connection_pool=pool)
         hub = EventHub(redis_url)
         await hub.start()
-        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub)
+        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
         try:
             yield
         finally:
             await hub.stop()
+            await aredis.aclose()
+            await pool.aclose()
             connection.close()
 
     # /docs and /redoc load Swagger UI and ReDoc from files fastapi-offline ships, not from a CDN: GPU hosts

@@ -17,7 +17,7 @@ def owner_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def require_key(
+async def require_key(
     state: State, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
 ) -> str | None:
     """The caller's owner id, or None when no keys are configured; 401 otherwise."""

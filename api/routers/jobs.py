@@ -17,7 +17,7 @@ from api.auth import Owner
 from api.deps import AppState, Model, State
 from api.inputs import parse_submission, prefer_wait, read_body
 from api.schemas import ERRORS, JobPublic
-from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
+from shared.jobs import TERMINAL, cancel_job, enqueue_job_async, get_job_view_async, isoformat, public_status
 from shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["jobs"])
@@ -36,7 +36,7 @@ def _urls(request: Request, job_id: str) -> dict[str, str]:
 
 
 async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, Any]:
-    return await run_in_threadpool(get_job_view, state.redis, job_id, owner)
+    return await get_job_view_async(state.aredis, job_id, owner)
 
 
 async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
@@ -85,7 +85,7 @@ async def submit_job(
     )
     if submission.webhook:
         await check_webhook_target_async(submission.webhook, settings.webhook_allow)
-    job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
+    job = await enqueue_job_async(state.aredis, settings, submission)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:
