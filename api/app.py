@@ -11,9 +11,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from redis import Redis
 from redis.asyncio import BlockingConnectionPool
-from redis.asyncio import Redis as AsyncRedis
 
 from api import errors
+from api.autopipeline import AutoPipelinedRedis
 from api.deps import AppState
 from api.events import EventHub
 from api.routers import batches, deployment, health, jobs, models
@@ -25,9 +25,9 @@ from shared.rqjson import refuse_pickle
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-# Redis connections the submit and read paths share: a request holds one only while its command runs,
-# so a thousand waiting clients need no more; past this many commands at once, a request waits its turn.
-REDIS_POOL_SIZE = 16
+# Redis connections the submit and read paths share: their commands travel in shared pipelines
+# (api/autopipeline.py), so one is in use at a time; the rest are spares while one reconnects.
+REDIS_POOL_SIZE = 4
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         refuse_pickle()
         connection = Redis.from_url(redis_url, health_check_interval=30)
         pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_POOL_SIZE, health_check_interval=30)
-        aredis = AsyncRedis(connection_pool=pool)
+        aredis = AutoPipelinedRedis(connection_pool=pool)
         hub = EventHub(redis_url)
         await hub.start()
         app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
