@@ -13,6 +13,9 @@ like) would hold every request behind them: the API never sends one on this clie
 
 Written here because redis-py has no automatic pipelining (ioredis's ``enableAutoPipelining`` is
 the same idea); it is a subclass overriding the one method every command goes through.
+
+Its connections pack commands with hiredis, as redis-py's synchronous client already does: the
+asyncio connection packs them in Python, a tenth of a submit's time for ENQUEUE's sixty arguments.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.connection import HiredisRespSerializer
+from redis.utils import HIREDIS_AVAILABLE
 
 Pending = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
 
@@ -33,6 +38,11 @@ class AutoPipelinedRedis(Redis):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        pool = self.connection_pool
+        if HIREDIS_AVAILABLE and not issubclass(pool.connection_class, _HiredisPacking):
+            # A subclass of the URL's own class (TCP, TLS or Unix socket), for connections made from now on.
+            base = pool.connection_class
+            pool.connection_class = type(f"Hiredis{base.__name__}", (_HiredisPacking, base), {})
         self._pending: list[Pending] = []
         self._sender: asyncio.Task[None] | None = None
         # How many pipelines carried how many commands: what the tests and the benchmark count.
@@ -88,6 +98,15 @@ class AutoPipelinedRedis(Redis):
             future.cancel()
         self._pending.clear()
         await super().aclose(close_connection_pool)
+
+
+class _HiredisPacking:
+    """Packs commands with hiredis (byte for byte what redis-py's Python packer writes)."""
+
+    _serializer = HiredisRespSerializer()
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return self._serializer.pack(*args)  # type: ignore[no-any-return]
 
 
 class _JoiningPipeline(Pipeline):

@@ -84,6 +84,8 @@ class Stack:
             "INFERQ_REDIS_URL": self.redis_url,
             "INFERQ_MODELS_DIR": str(ROOT / "models"),
             "INFERQ_API_WORKERS": str(api_workers),
+            # Submits measured with the worker paused fill the queue faster than the default cap allows.
+            "INFERQ_MAX_QUEUE_LENGTH": "1000000",
         }
 
     @property
@@ -116,7 +118,7 @@ class Stack:
         _until(lambda: _answers(f"{self.base}/healthz"), "the API")
         if self.worker:
             self._spawn("worker", [*me, "worker", "--model", "digits"])
-            _until(lambda: _answers(f"{self.base}/readyz", 'models_without_workers":[]'), "the worker")
+            _until(lambda: _digits_worker(self.base), "the digits worker")
 
     def flush(self) -> None:
         """Empty Redis between runs: a paused worker's queue grows while submits are measured."""
@@ -148,6 +150,13 @@ def _answers(url: str, needle: str = "") -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and needle in response.text
+
+
+def _digits_worker(base: str) -> bool:
+    try:
+        return bool(httpx.get(f"{base}/readyz", timeout=2).json()["workers"].get("digits"))
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
 
 
 def _until(check: object, what: str, timeout_s: float = 90.0) -> None:

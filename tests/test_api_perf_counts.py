@@ -236,3 +236,13 @@ def test_the_async_submit_writes_and_shows_what_the_sync_one_does(
     assert {**sync_view_async, "expires_at": None} == {**sync_view, "expires_at": None}
     assert async_view.keys() == sync_view_async.keys()
     assert async_view["status"] == "queued" and async_view["webhook"] == sync_view_async["webhook"]
+
+
+def test_the_api_connections_pack_commands_byte_for_byte_as_redis_py_does(redis_url: str) -> None:
+    """hiredis packs the API's commands: the bytes on the wire are what redis-py's Python packer writes."""
+    client = AutoPipelinedRedis.from_url(redis_url)
+    fast = client.connection_pool.connection_class()
+    plain = AsyncRedis.from_url(redis_url).connection_pool.connection_class()
+    command = ("EVALSHA", scripts.ENQUEUE.sha, 2, "k1", "k2", b"\x00\xff bytes", 42, "text é", "")
+    assert type(fast) is not type(plain)
+    assert b"".join(fast.pack_command(*command)) == b"".join(plain.pack_command(*command))
