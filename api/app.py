@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +23,7 @@ from api.routers.v2 import router as v2_router
 from shared.errors import ConfigError
 from shared.jobs import QueueCache
 from shared.models import load_model_configs
+from shared.redis_server import die_with_parent
 from shared.rqjson import refuse_pickle
 from shared.settings import Settings, get_settings
 
@@ -87,3 +90,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(batches.router)
     app.include_router(v2_router)
     return app
+
+
+def create_worker_app() -> FastAPI:
+    """The app of one of ``inferq api --workers N``'s processes, which ends with the process that started it.
+
+    uvicorn's workers outlive a killed parent, still holding the port: ``inferq up`` could then not
+    start again. Asked for SIGTERM at the parent's death, a worker shuts down as on any SIGTERM.
+    """
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before we asked
+        raise SystemExit(0)
+    return create_app()

@@ -150,7 +150,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be between 1 and {API_MAX_WORKERS}, got {settings.api_workers}")
     # uvicorn's own worker processes share the socket; each builds its app (its Redis clients, its event
     # subscriber) from the environment, so --host and --port, the only flags, matter to this process alone.
-    uvicorn.run("api.app:create_app", factory=True, workers=settings.api_workers, **options)
+    uvicorn.run("api.app:create_worker_app", factory=True, workers=settings.api_workers, **options)
     return 0
 
 
