@@ -120,9 +120,9 @@ class Submission:
         return hashlib.sha256(json.dumps(options).encode() + b"\0" + self.payload).hexdigest()
 
 
-def _new_job(settings: Settings, submission: Submission) -> store.NewJob:
+def _new_job(settings: Settings, submission: Submission, job_id: str | None = None) -> store.NewJob:
     """What ``store.enqueue`` writes for ``submission``: one place, so the sync and async submits agree."""
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
     queue_ttl_s = submission.deadline_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
@@ -177,9 +177,14 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
     return store.Enqueued(new.id, "queued", created_at)
 
 
-async def enqueue_job_async(connection: AsyncRedis, settings: Settings, submission: Submission) -> store.Enqueued:
-    """``enqueue_job`` on the API's ``redis.asyncio`` client: no thread per submit."""
-    new = _new_job(settings, submission)
+async def enqueue_job_async(
+    connection: AsyncRedis, settings: Settings, submission: Submission, job_id: str | None = None
+) -> store.Enqueued:
+    """``enqueue_job`` on the API's ``redis.asyncio`` client: no thread per submit.
+
+    ``job_id`` (from ``new_job_id``) lets a caller subscribe to the job's events before it exists.
+    """
+    new = _new_job(settings, submission, job_id)
     verdict, existing, created_at = await store.enqueue_async(connection, new)
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:

@@ -118,6 +118,25 @@ def test_waiting_requests_hold_no_thread_and_no_redis_connection_each(tmp_path: 
         client.close()
 
 
+@pytest.mark.e2e
+def test_a_waited_submit_reads_its_job_only_when_told_it_ended(tmp_path: Path) -> None:
+    """Subscribed before the job exists, a Prefer: wait submit needs no first read of a job it knows is queued."""
+    with serving(new_stack(tmp_path)) as stack:
+        stack.start_api()
+        client = stack.redis()
+        client.config_resetstat()
+        response = httpx.post(
+            stack.base + SUBMIT, content=DIGIT, headers={"Content-Type": "image/png", "Prefer": "wait=0.5"}
+        )
+        assert response.status_code == 202 and response.json()["status"] == "queued"
+        stats = client.info("commandstats")
+        # No worker ran it: one ENQUEUE (an EVALSHA, and the EVAL that loaded the script into this fresh Redis),
+        # and not one read of the job: it is known to be queued until an event says otherwise.
+        assert stats["cmdstat_evalsha"]["calls"] == 1 and stats["cmdstat_eval"]["calls"] == 1
+        assert "cmdstat_hgetall" not in stats and "cmdstat_pttl" not in stats
+        client.close()
+
+
 def _api_workers(master: int) -> list[int]:
     """uvicorn's worker processes under ``master`` (not multiprocessing's resource tracker)."""
     return [pid for pid in _children(master) if "resource_tracker" not in _cmdline(pid)]
