@@ -71,13 +71,16 @@ async def _until_end(
         left = deadline - time.monotonic()
         if left <= 0:
             break
+        until_deadline = left <= RECHECK_S
         try:
             event = await asyncio.wait_for(events.get(), timeout=min(left, RECHECK_S))
             if event.get("status") not in TERMINAL:
                 continue
         except TimeoutError:
-            if view is None and time.monotonic() >= deadline:
-                break  # the submit answers 202 with what it knows: no read to tell it "queued"
+            # The submit answers 202 with what it knows: no read to tell it "queued". (Not the clock: uvloop's
+            # timers have millisecond steps and may fire a fraction early.)
+            if view is None and until_deadline:
+                break
         view = await _view(state, job_id, owner)
     return view
 
