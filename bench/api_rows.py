@@ -6,6 +6,8 @@ are measured back to back against the same process. ``python -m bench.api_rows``
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import shutil
@@ -54,8 +56,7 @@ def parse_hey(text: str) -> Load:
     return Load(rps, percentiles.get(50, 0.0), percentiles.get(99, 0.0), statuses, errors)
 
 
-def hey(url: str, clients: int, duration_s: float, *, submit: bool = False, wait_s: float = 0) -> Load:
-    """One ``hey`` run against ``url``: GETs, or digit submits (``Prefer: wait`` when ``wait_s``)."""
+def _hey_command(url: str, clients: int, duration_s: float, submit: bool, wait_s: float) -> list[str]:
     binary = shutil.which("hey")
     if binary is None:
         raise RuntimeError("hey is not installed")
@@ -64,8 +65,43 @@ def hey(url: str, clients: int, duration_s: float, *, submit: bool = False, wait
         command += ["-m", "POST", "-T", "image/png", "-D", str(DIGIT)]
     if wait_s:
         command += ["-H", f"Prefer: wait={wait_s:g}"]
-    out = subprocess.run([*command, url], capture_output=True, text=True, check=True, timeout=duration_s + 180)
+    return [*command, url]
+
+
+def hey(url: str, clients: int, duration_s: float, *, submit: bool = False, wait_s: float = 0) -> Load:
+    """One ``hey`` run against ``url``: GETs, or digit submits (``Prefer: wait`` when ``wait_s``)."""
+    command = _hey_command(url, clients, duration_s, submit, wait_s)
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=duration_s + 180)
     return parse_hey(out.stdout)
+
+
+def _load_of(rows: list[tuple[float, float, int]], duration_s: float) -> Load:
+    """(offset, response time, status) rows as a Load; status 0: no response (hey's CSV)."""
+    times = sorted(t for _, t, _ in rows)
+    statuses: dict[int, int] = {}
+    for _, _, status in rows:
+        statuses[status] = statuses.get(status, 0) + 1
+    errors = statuses.pop(0, 0)
+
+    def at(q: float) -> float:
+        return times[min(len(times) - 1, int(len(times) * q))] if times else 0.0
+
+    return Load(len(rows) / duration_s, at(0.5), at(0.99), statuses, errors)
+
+
+def hey_with_opening(
+    url: str, clients: int, duration_s: float, *, submit: bool = False, wait_s: float = 0
+) -> tuple[Load, Load]:
+    """One ``hey`` run, and the same run without each client's first request (hey sends them all at once)."""
+    command = _hey_command(url, clients, duration_s, submit, wait_s)
+    command[1:1] = ["-o", "csv"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=duration_s + 180)
+    rows = [
+        (float(r["offset"]), float(r["response-time"]), int(r["status-code"] or 0))
+        for r in csv.DictReader(io.StringIO(out.stdout))
+    ]
+    rows.sort()
+    return _load_of(rows, duration_s), _load_of(rows[clients:], duration_s)
 
 
 class Stack:
@@ -211,13 +247,16 @@ def sweep_duration_s(clients: int, duration_s: float = 8.0) -> float:
 
 def wait_sweep(
     clients: Sequence[int] = (16, 64, 256, 1024), duration_s: float = 8.0, wait_s: float = 30.0
-) -> dict[int, Load]:
-    """``Prefer: wait`` submits at each concurrency against one API and one digits worker."""
-    out: dict[int, Load] = {}
+) -> dict[int, tuple[Load, Load]]:
+    """``Prefer: wait`` submits at each concurrency against one API and one digits worker: every request,
+    and every request but each client's first (the opening burst)."""
+    out: dict[int, tuple[Load, Load]] = {}
     with stack(worker=True) as running:
         hey(running.base + SUBMIT_PATH, 16, 1.0, submit=True, wait_s=wait_s)
         for n in clients:
-            out[n] = hey(running.base + SUBMIT_PATH, n, sweep_duration_s(n, duration_s), submit=True, wait_s=wait_s)
+            out[n] = hey_with_opening(
+                running.base + SUBMIT_PATH, n, sweep_duration_s(n, duration_s), submit=True, wait_s=wait_s
+            )
     return out
 
 
@@ -230,13 +269,15 @@ def main() -> None:
         )
     print(f"submit rate, 2 API processes / 1: {rows[1].submit.rps / rows[0].submit.rps:.2f}x")
     sweep = wait_sweep()
-    best = max(load.rps for load in sweep.values())
-    for n, load in sweep.items():
+    best = max(load.rps for load, _ in sweep.values())
+    for n, (load, steady) in sweep.items():
         print(
             f"wait, {n:>5} clients, {sweep_duration_s(n):g} s: {load.rps:,.0f}/s ({load.rps / best:.2f} of best), "
             f"p50 {load.p50_s * 1000:.0f} ms, "
             f"p99 {load.p99_s * 1000:.0f} ms (p99/p50 {load.p99_s / max(load.p50_s, 1e-9):.1f}), "
-            f"statuses {load.statuses}, transport errors {load.errors}"
+            f"statuses {load.statuses}, transport errors {load.errors}; without the opening burst: "
+            f"p50 {steady.p50_s * 1000:.0f} ms, p99 {steady.p99_s * 1000:.0f} ms "
+            f"(p99/p50 {steady.p99_s / max(steady.p50_s, 1e-9):.1f})"
         )
 
 
