@@ -8,8 +8,12 @@ commands share pipelines; the async submit and read write and show exactly what 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +38,7 @@ from shared.jobs import (
     get_job_view_async,
 )
 from shared.lifecycle import layout, scripts
+from shared.redis_server import free_port
 from shared.settings import Settings
 from tests.stack import ROOT, Stack, new_stack, serving, wait_until
 
@@ -265,3 +270,43 @@ def test_the_api_connections_pack_commands_byte_for_byte_as_redis_py_does(redis_
     command = ("EVALSHA", scripts.ENQUEUE.sha, 2, "k1", "k2", b"\x00\xff bytes", 42, "text é", "")
     assert type(fast) is not type(plain)
     assert b"".join(fast.pack_command(*command)) == b"".join(plain.pack_command(*command))
+
+
+@pytest.mark.e2e
+def test_inferq_up_runs_the_api_workers_it_is_told_to_and_a_killed_up_takes_them_along(tmp_path: Path) -> None:
+    """INFERQ_API_WORKERS reaches `inferq up`'s API; SIGKILL to `up` leaves no API process serving the port."""
+    models = tmp_path / "models" / "echo"
+    models.mkdir(parents=True)
+    config = {"handler": "tests.support:SlowEcho", "weights": "none", "input": {"kind": "tensor", "shape": [2]}}
+    (models / "config.json").write_text(json.dumps(config))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {
+        "INFERQ_PORT": str(port),
+        "INFERQ_DATA_DIR": str(tmp_path / "state"),
+        "INFERQ_MODELS_DIR": str(tmp_path / "models"),
+        "INFERQ_API_WORKERS": "2",
+        "PYTHONPATH": str(ROOT),
+    }
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        up = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    workers: list[int] = []
+    try:
+        wait_until(lambda: "inferq is up" in log_path.read_text(), 60, "inferq up to start")
+        found = re.search(r"Redis:\s+(redis://\S+)", log_path.read_text())
+        assert found is not None
+        client = redis_py.Redis.from_url(found.group(1))
+        wait_until(lambda: client.pubsub_numsub(keys.EVENTS_CHANNEL)[0][1] == 2, 30, "two API subscribers")
+        client.close()
+        (api,) = [pid for pid in _children(up.pid) if f"--port {port}" in _cmdline(pid)]
+        workers = _api_workers(api)
+        assert len(workers) == 2
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/models/echo/jobs", json={"inputs": [1, 2]}, headers={"Prefer": "wait=30"}
+        )
+        assert response.status_code == 200 and response.json()["result"] == {"output": [1.0, 2.0]}, response.text
+    finally:
+        up.kill()
+        up.wait()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 30, "the API workers to stop")
