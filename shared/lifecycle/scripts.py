@@ -5,11 +5,9 @@ taken from ARGV: that is Redis's rule for scripts (and what a Redis Cluster enfo
 declares its fixed keys and, for scripts over a batch, the keys it takes per job; ``Script.__call__``
 checks what it is given against that declaration. ARGV carries values only.
 
-The workers' (synchronous) calls run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS
-round trip to every pipeline that uses them, and Redis caches the compiled script by its hash either
-way. The API's asynchronous calls (``call_async``, one script per request, never in a pipeline) send
-EVALSHA, falling back to EVAL once when the server does not hold the script: the body is not sent,
-nor hashed by Redis, on every submit.
+The workers' calls run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to
+every pipeline that uses them. The API's (``call_async``) send EVALSHA, and EVAL once when the server
+lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 """
 
 from __future__ import annotations
@@ -21,6 +19,8 @@ from functools import cached_property
 from typing import Any
 
 from redis.exceptions import NoScriptError
+
+Items = Sequence[Sequence[str]]
 
 # Shared by the scripts that end a job: tell the world once (the info hash's `announced` field),
 # by a pub/sub event and, when the job has one, a webhook delivery queued as an RQ job.
@@ -101,23 +101,11 @@ class Script:
     source: str
     per_item: tuple[str, ...] = ()
 
-    def __call__(
-        self,
-        client: Any,
-        fixed: Sequence[str],
-        items: Sequence[Sequence[str]] = (),
-        args: Sequence[Any] = (),
-    ) -> Any:
+    def __call__(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
         flat = self._keys(fixed, items)
         return client.eval(self.body, len(flat), *flat, *args)
 
-    async def call_async(
-        self,
-        client: Any,
-        fixed: Sequence[str],
-        items: Sequence[Sequence[str]] = (),
-        args: Sequence[Any] = (),
-    ) -> Any:
+    async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
         """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
         flat = self._keys(fixed, items)
         try:
@@ -125,7 +113,7 @@ class Script:
         except NoScriptError:  # a restarted or flushed server: EVAL caches it again
             return await client.eval(self.body, len(flat), *flat, *args)
 
-    def _keys(self, fixed: Sequence[str], items: Sequence[Sequence[str]]) -> list[str]:
+    def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
         if len(fixed) != len(self.keys):
             raise TypeError(f"script {self.name} declares keys {self.keys}, got {len(fixed)}")
         flat = list(fixed)
