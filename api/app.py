@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,9 +12,11 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool
 from starlette.staticfiles import StaticFiles
 
 from api import errors
+from api.autopipeline import AutoPipelinedRedis
 from api.deps import AppState
 from api.events import EventHub
 from api.routers import batches, deployment, health, jobs, models, status
@@ -22,10 +26,14 @@ from shared.errors import ConfigError
 from shared.jobs import QueueCache
 from shared.metrics import RequestCounts
 from shared.models import load_model_configs
+from shared.redis_server import die_with_parent
 from shared.rqjson import refuse_pickle
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+# Redis connections the submit and read paths share: their commands travel in shared pipelines
+# (api/autopipeline.py), so one is in use at a time; the rest are spares while one reconnects.
+REDIS_POOL_SIZE = 4
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -48,9 +56,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
         connection = Redis.from_url(redis_url, health_check_interval=30)
+        pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_POOL_SIZE, health_check_interval=30)
+        aredis = AutoPipelinedRedis(connection_pool=pool)
         hub = EventHub(redis_url)
         await hub.start()
-        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub)
+        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
         flusher = metrics_router.Flusher(connection, request_counts)
         flusher.start()
         try:
@@ -58,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await flusher.stop()
             await hub.stop()
+            await aredis.aclose()
+            await pool.aclose()
             connection.close()
 
     # /docs and /redoc load Swagger UI and ReDoc from files fastapi-offline ships, not from a CDN: GPU hosts
@@ -91,3 +103,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(status.router)
     app.mount("/static", StaticFiles(directory=status.STATIC_DIR), name="static")
     return app
+
+
+def create_worker_app() -> FastAPI:
+    """The app of one of ``inferq api --workers N``'s processes, which ends with the process that started it.
+
+    uvicorn's workers outlive a killed parent, still holding the port: ``inferq up`` could then not
+    start again. Asked for SIGTERM at the parent's death, a worker shuts down as on any SIGTERM.
+    """
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before we asked
+        raise SystemExit(0)
+    return create_app()

@@ -6,9 +6,9 @@ import hashlib
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Header, Request
 
-from api.deps import State
+from api.deps import state_of
 from shared.errors import Unauthorized
 
 
@@ -17,11 +17,12 @@ def owner_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def require_key(
-    state: State, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+async def require_key(
+    request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
 ) -> str | None:
     """The caller's owner id, or None when no keys are configured; 401 otherwise."""
-    keys = state.settings.api_keys
+    # The request, not the State dependency: a nested dependency costs FastAPI a solve of its own per request.
+    keys = state_of(request).settings.api_keys
     if not keys:
         return None
     scheme, _, given = (authorization or "").partition(" ")

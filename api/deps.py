@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from api.events import EventHub
 from shared.errors import NotFound
@@ -24,16 +25,24 @@ class AppState:
     queues: QueueCache
     models: dict[str, ModelConfig]
     events: EventHub
+    # The submit and read paths: no thread per request (FastAPI runs sync code in its threadpool).
+    aredis: AsyncRedis
 
 
-def get_state(request: Request) -> AppState:
+def state_of(request: Request) -> AppState:
+    """The app's state, for code that has the request (one dependency fewer to solve per request)."""
     return request.app.state.inferq
+
+
+# The dependencies are ``async def``: FastAPI runs a plain ``def`` one in its threadpool, a hop per request.
+async def get_state(request: Request) -> AppState:
+    return state_of(request)
 
 
 State = Annotated[AppState, Depends(get_state)]
 
 
-def get_model(model: str, state: State) -> ModelConfig:
+async def get_model(model: str, state: State) -> ModelConfig:
     config = state.models.get(model)
     invalid = getattr(state.models, "invalid", {})
     if config is None and model in invalid:

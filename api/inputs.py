@@ -20,6 +20,9 @@ from shared.jobs import Submission
 from shared.models import ModelConfig
 from shared.settings import Settings
 
+# Bodies up to this size are checked on the event loop: their check costs less than the hop to a thread.
+# Larger ones go to the threadpool, so one hostile body never stalls other requests.
+INLINE_CHECK_BYTES = 64 * 1024
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNORECASE)
 
 
@@ -104,14 +107,18 @@ async def parse_submission(request: Request, config: ModelConfig, body: bytes, s
     header = request.headers.get("content-type", "")
     media_type = header.split(";")[0].strip().lower()
     kind = input_kind(config.input)
-    # Parsing and checking a body of up to max_body_bytes is CPU work: off the event loop, so one hostile
-    # body never stalls other requests.
+    inline = len(body) <= INLINE_CHECK_BYTES
     if media_type == "application/json" and kind.from_json is not None:
+        if inline:
+            return _json_submission(config, kind, body, settings)
         return await run_in_threadpool(_json_submission, config, kind, body, settings)
     if media_type == "multipart/form-data" and kind.multipart:
         return await _multipart_submission(request, config, kind, settings)
     if kind.from_bytes is not None and kind.takes_media(media_type):
-        payload = await run_in_threadpool(kind.from_bytes, config.input, body, header, config.name, settings)
+        if inline:
+            payload = kind.from_bytes(config.input, body, header, config.name, settings)
+        else:
+            payload = await run_in_threadpool(kind.from_bytes, config.input, body, header, config.name, settings)
         return Submission(config.name, payload.data, payload.content_type)
     raise UnsupportedMedia(f"model {config.name} takes {kind.takes}")
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import shlex
 import socket
 import sys
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from shared.redis_server import RedisServer
 
 log = logging.getLogger("inferq")
+# Connections the kernel holds for the API before it accepts them: a thousand clients arriving at once fit.
+API_BACKLOG = 4096
+API_MAX_WORKERS = 64
 # How long `inferq up` lets running batches finish when it stops, before it puts them back in their queues.
 STOP_GRACE_S = 30.0
 
@@ -56,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api = sub.add_parser("api", help="serve the HTTP API")
     _add_bind(api)
+    api.add_argument(
+        "--workers",
+        dest="api_workers",
+        type=int,
+        help="API processes sharing the port, for more cores (default INFERQ_API_WORKERS, else 1)",
+    )
 
     worker = sub.add_parser("worker", help="run a batching worker for one or more models")
     worker.add_argument("--model", action="append", help="a model to serve (repeat for several; default all)")
@@ -113,7 +123,7 @@ def _add_bind(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace) -> Settings:
     settings = get_settings()
-    overrides = {k: getattr(args, k) for k in ("host", "port") if getattr(args, k, None) is not None}
+    overrides = {k: getattr(args, k) for k in ("host", "port", "api_workers") if getattr(args, k, None) is not None}
     return settings.model_copy(update=overrides) if overrides else settings
 
 
@@ -145,8 +155,33 @@ def cmd_api(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _require_redis(settings)
     _report_invalid(load_model_configs(settings.models_dir))
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    _raise_open_files_limit()
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": args.log_level.lower(),
+        "backlog": API_BACKLOG,
+    }
+    if settings.api_workers == 1:
+        uvicorn.run(create_app(settings), **options)
+        return 0
+    if not 1 <= settings.api_workers <= API_MAX_WORKERS:
+        raise ConfigError(f"--workers must be between 1 and {API_MAX_WORKERS}, got {settings.api_workers}")
+    # uvicorn's own worker processes share the socket; each builds its app (its Redis clients, its event
+    # subscriber) from the environment, so --host and --port, the only flags, matter to this process alone.
+    uvicorn.run("api.app:create_worker_app", factory=True, workers=settings.api_workers, **options)
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Soft limit of open files up to the hard one: every waiting client holds a socket."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, exc)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

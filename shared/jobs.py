@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 from rq.results import Result
 from rq.serializers import JSONSerializer
@@ -23,6 +25,8 @@ from shared.settings import Settings
 
 TERMINAL = ("finished", "failed", "canceled", "expired")
 # RQ statuses a client never needs to tell apart.
+# Given to RQ's Job and Result objects that only parse what a view already read; never sends a command.
+_OFFLINE = Redis()
 _STATUS_MAP = {
     "created": "queued",
     "deferred": "queued",
@@ -116,9 +120,9 @@ class Submission:
         return hashlib.sha256(json.dumps(options).encode() + b"\0" + self.payload).hexdigest()
 
 
-def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> store.Enqueued:
-    """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
-    job_id = new_job_id()
+def _new_job(settings: Settings, submission: Submission, job_id: str | None = None) -> store.NewJob:
+    """What ``store.enqueue`` writes for ``submission``: one place, so the sync and async submits agree."""
+    job_id = job_id or new_job_id()
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
     queue_ttl_s = submission.deadline_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
@@ -137,7 +141,7 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
     if submission.idempotency_key:
         key = keys.idempotency_key(submission.owner or "", submission.idempotency_key)
         idempotency = (key, f"{job_id} {submission.fingerprint}")
-    new = store.NewJob(
+    return store.NewJob(
         id=job_id,
         model=submission.model,
         lane=submission.lane,
@@ -155,28 +159,73 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
         idempotency=idempotency,
         idempotency_ttl_s=settings.idempotency_ttl_s,
     )
+
+
+def _existing(verdict: str, existing: str, submission: Submission) -> str | None:
+    # The fingerprint hashes the whole input: only a duplicate Idempotency-Key needs it.
+    fingerprint = submission.fingerprint if verdict == "dup" else ""
+    return store.check_enqueued(verdict, existing, fingerprint, submission.model)
+
+
+def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> store.Enqueued:
+    """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
+    new = _new_job(settings, submission)
     verdict, existing, created_at = store.enqueue(queues.connection, new)
-    other_id = store.check_enqueued(verdict, existing, submission.fingerprint, submission.model)
+    other_id = _existing(verdict, existing, submission)
     if other_id is not None:
         return store.read_enqueued(queues.connection, other_id)
-    return store.Enqueued(job_id, "queued", created_at)
+    return store.Enqueued(new.id, "queued", created_at)
+
+
+async def enqueue_job_async(
+    connection: AsyncRedis, settings: Settings, submission: Submission, job_id: str | None = None
+) -> store.Enqueued:
+    """``enqueue_job`` on the API's ``redis.asyncio`` client: no thread per submit.
+
+    ``job_id`` (from ``new_job_id``) lets a caller subscribe to the job's events before it exists.
+    """
+    new = _new_job(settings, submission, job_id)
+    verdict, existing, created_at = await store.enqueue_async(connection, new)
+    other_id = _existing(verdict, existing, submission)
+    if other_id is not None:
+        return await store.read_enqueued_async(connection, other_id)
+    return store.Enqueued(new.id, "queued", created_at)
 
 
 def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
-def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> dict[str, Any]:
-    """Everything a client may see of a job, read in one round trip; NotFound if unknown or expired."""
+def _queue_view_reads(pipe: Pipeline | AsyncPipeline, job_id: str) -> None:
+    """The reads a job's view is made of, queued in one pipeline (sync or async): one round trip."""
     if not keys.JOB_ID_RE.match(job_id):
         raise NotFound(f"no job {job_id!r}")
+    pipe.hgetall(layout.job_key(job_id))
+    pipe.pttl(layout.job_key(job_id))
+    pipe.hgetall(keys.info_key(job_id))
+    pipe.xrevrange(layout.result_key(job_id), "+", "-", count=1)
+    pipe.lrange(keys.webhook_attempts_key(job_id), 0, -1)
+
+
+def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> dict[str, Any]:
+    """Everything a client may see of a job, read in one round trip; NotFound if unknown or expired."""
     with connection.pipeline(transaction=False) as pipe:
-        pipe.hgetall(layout.job_key(job_id))
-        pipe.pttl(layout.job_key(job_id))
-        pipe.hgetall(keys.info_key(job_id))
-        pipe.xrevrange(layout.result_key(job_id), "+", "-", count=1)
-        pipe.lrange(keys.webhook_attempts_key(job_id), 0, -1)
-        raw_job, pttl_ms, raw_info, results, attempts = pipe.execute()
+        _queue_view_reads(pipe, job_id)
+        replies = pipe.execute()
+    return _view_of(job_id, owner, replies)
+
+
+async def get_job_view_async(connection: AsyncRedis, job_id: str, owner: str | None = None) -> dict[str, Any]:
+    """``get_job_view`` on the API's ``redis.asyncio`` client: the same reads and the same view."""
+    async with connection.pipeline(transaction=False) as pipe:
+        _queue_view_reads(pipe, job_id)
+        replies = await pipe.execute()
+    return _view_of(job_id, owner, replies)
+
+
+def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, Any]:
+    """The view from the replies of ``_queue_view_reads``; no I/O."""
+    raw_job, pttl_ms, raw_info, results, attempts = replies
     info = _decode_hash(raw_info)
     if owner is not None and info.get("owner") != owner:
         raise NotFound(f"no job {job_id!r}")  # another key's job: as if it did not exist
@@ -185,7 +234,8 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
         if _expired_unrun(info):
             return _with_webhook(_expired_view(job_id, info), info, attempts)
         raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-    job = JSONJob(job_id, connection=connection)
+    # Restoring reads the fields only: the offline connection is never used.
+    job = JSONJob(job_id, connection=_OFFLINE)
     try:
         job.restore(raw_job)
     except (KeyError, ValueError, TypeError) as exc:
@@ -211,7 +261,7 @@ def get_job_view(connection: Redis, job_id: str, owner: str | None = None) -> di
     elif results and status in ("finished", "failed"):
         result_id, payload = results[0]
         try:
-            result = Result.restore(job_id, result_id.decode(), payload, connection, serializer=JSONSerializer)
+            result = Result.restore(job_id, result_id.decode(), payload, _OFFLINE, serializer=JSONSerializer)
         except (ValueError, TypeError, KeyError):
             # Not written by inferq (a pickle, say): never loaded, reported as unreadable.
             view["error"] = "the stored result is not readable JSON"

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # API processes sharing the port (`inferq api --workers`), each with its own Redis clients and subscriber.
+    api_workers: int = Field(default=1, ge=1, le=64)
     models_dir: Path = Path("models")
     data_dir: Path = Path(".inferq")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import re
 import threading
@@ -14,10 +15,11 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from redis.asyncio import Redis as AsyncRedis
 from rq.serializers import JSONSerializer
 
 from shared import keys
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view, new_job_id
+from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, enqueue_job_async, get_job_view, new_job_id
 from shared.lifecycle import bulk, layout, scripts, store
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.rqjson import JSONJob
@@ -43,6 +45,21 @@ def _submit(redis: redis_py.Redis, settings: Settings, webhook: str | None = HOO
     payload = json.dumps({"inputs": [1.0, 2.0]}).encode()
     submission = Submission("echo", payload, "application/json", webhook=webhook, **options)
     return enqueue_job(QueueCache(redis), settings, submission).id
+
+
+def _submit_async(redis_url: str, settings: Settings) -> list[str]:
+    """Two submits as the API makes them (redis.asyncio, EVALSHA) after the server forgot its scripts."""
+    redis_py.Redis.from_url(redis_url).script_flush()
+
+    async def submit() -> list[str]:
+        client = AsyncRedis.from_url(redis_url)
+        try:
+            submission = Submission("echo", json.dumps({"inputs": [1.0, 2.0]}).encode(), "application/json")
+            return [(await enqueue_job_async(client, settings, submission)).id for _ in range(2)]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(submit())
 
 
 class Events:
@@ -107,7 +124,7 @@ def monitored(redis_url: str) -> Iterator[list[Monitored]]:
 
 
 def test_every_key_a_script_touches_is_declared_in_its_keys(
-    redis: redis_py.Redis, settings: Settings, monitored: list[dict[str, Any]]
+    redis: redis_py.Redis, redis_url: str, settings: Settings, monitored: list[dict[str, Any]]
 ) -> None:
     """Redis's rule for scripts (enforced by a Cluster): keys come in KEYS, never built in the script."""
     finished = _submit(redis, settings, idempotency_key="k1")
@@ -133,10 +150,13 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     store.give_back(redis, layout.queue_keys(queue.name), [i.job for i in items], worker.name)
     store.announce_failed(redis, settings, [finished])
     store.claim(redis, [queue.name, "inferq.other"], None)
+    _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"
 
     scripts_seen: set[str] = set()
+    by_sha = {s.sha: s.name for s in scripts.ALL}
+    evalshas = 0
     violations = []
     declared: set[str] | None = None
     script = ""
@@ -150,10 +170,15 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
             checked += 1
             if undeclared:
                 violations.append((script, name, undeclared))
-        elif name == "eval":
-            found = re.match(r"-- inferq:([a-z-]+)", command.args[1])
-            assert found is not None, f"an EVAL of no named script: {command.args[1][:80]!r}"
-            script = found.group(1)
+        elif name in ("eval", "evalsha"):
+            if name == "eval":
+                found = re.match(r"-- inferq:([a-z-]+)", command.args[1])
+                assert found is not None, f"an EVAL of no named script: {command.args[1][:80]!r}"
+                script = found.group(1)
+            else:
+                assert command.args[1] in by_sha, f"an EVALSHA of no named script: {command.args[1]!r}"
+                script = by_sha[command.args[1]]
+                evalshas += 1
             numkeys = int(command.args[2])
             declared = set(command.args[3 : 3 + numkeys])
             scripts_seen.add(script)
@@ -161,6 +186,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
             declared = None
     assert violations == []
     assert checked > 100  # the scripts' own commands were seen
+    assert evalshas == 2  # the async submit's: NOSCRIPT on a fresh server, then by hash once loaded
     # Every named script ran at least once in this walk through a job's life.
     assert scripts_seen == {s.name for s in scripts.ALL}
 

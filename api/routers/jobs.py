@@ -17,7 +17,17 @@ from api.auth import Owner
 from api.deps import AppState, Model, State
 from api.inputs import parse_submission, prefer_wait, read_body
 from api.schemas import ERRORS, JobPublic
-from shared.jobs import TERMINAL, cancel_job, enqueue_job, get_job_view, isoformat, public_status
+from shared.jobs import (
+    TERMINAL,
+    Submission,
+    cancel_job,
+    enqueue_job_async,
+    get_job_view_async,
+    isoformat,
+    new_job_id,
+    public_status,
+)
+from shared.lifecycle.store import Enqueued
 from shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["jobs"])
@@ -36,7 +46,7 @@ def _urls(request: Request, job_id: str) -> dict[str, str]:
 
 
 async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, Any]:
-    return await run_in_threadpool(get_job_view, state.redis, job_id, owner)
+    return await get_job_view_async(state.aredis, job_id, owner)
 
 
 async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
@@ -45,18 +55,49 @@ async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: st
     with state.events.subscribe(job_id) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
         view = await _view(state, job_id, owner)
-        while view["status"] not in TERMINAL:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        return await _until_end(state, job_id, owner, events, deadline, view) or view
+
+
+async def _until_end(
+    state: AppState,
+    job_id: str,
+    owner: str | None,
+    events: asyncio.Queue[dict[str, Any]],
+    deadline: float,
+    view: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """Wait on ``events`` until the job is terminal or ``deadline`` passes; its latest view, if one was read."""
+    while view is None or view["status"] not in TERMINAL:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        until_deadline = left <= RECHECK_S
+        try:
+            event = await asyncio.wait_for(events.get(), timeout=min(left, RECHECK_S))
+            if event.get("status") not in TERMINAL:
+                continue
+        except TimeoutError:
+            # The submit answers 202 with what it knows: no read to tell it "queued". (Not the clock: uvloop's
+            # timers have millisecond steps and may fire a fraction early.)
+            if view is None and until_deadline:
                 break
-            try:
-                event = await asyncio.wait_for(events.get(), timeout=min(left, RECHECK_S))
-                if event.get("status") not in TERMINAL:
-                    continue
-            except TimeoutError:
-                pass
-            view = await _view(state, job_id, owner)
+        view = await _view(state, job_id, owner)
     return view
+
+
+async def _enqueue_and_wait(
+    state: AppState, submission: Submission, wait_s: float, owner: str | None
+) -> tuple[Enqueued, dict[str, Any] | None]:
+    """Enqueue, then wait up to ``wait_s`` for the end: the job, and its view if it was read."""
+    deadline = time.monotonic() + wait_s
+    job_id = new_job_id()
+    with state.events.subscribe(job_id) as events:
+        # Subscribed before the job exists, so no end can come unseen: no read of a job known to be queued.
+        job = await enqueue_job_async(state.aredis, state.settings, submission, job_id)
+        if job.id == job_id:
+            return job, await _until_end(state, job_id, owner, events, deadline, None)
+    # An Idempotency-Key's earlier job: it may have ended already.
+    return job, await wait_for_end(state, job.id, max(0.0, deadline - time.monotonic()), owner)
 
 
 # Each model's own path, with its own request body, is in the schema (api/routers/deployment.py); this one
@@ -85,13 +126,15 @@ async def submit_job(
     )
     if submission.webhook:
         await check_webhook_target_async(submission.webhook, settings.webhook_allow)
-    job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
+    if wait_s > 0:
+        job, view = await _enqueue_and_wait(state, submission, wait_s, owner)
+    else:
+        job, view = await enqueue_job_async(state.aredis, settings, submission), None
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:
         headers["Preference-Applied"] = f"wait={wait_s:g}"
-        view = await wait_for_end(state, job.id, wait_s, owner)
-        if view["status"] in TERMINAL:
+        if view is not None and view["status"] in TERMINAL:
             return JSONResponse(view, status_code=200, headers=headers)
     accepted = {
         "id": job.id,

@@ -26,7 +26,7 @@ from api.routers.jobs import wait_for_end
 from api.routers.models import live_workers
 from shared.errors import InvalidInput, NotFound, UnsupportedMedia
 from shared.inputs import input_kind
-from shared.jobs import Submission, enqueue_job, isoformat, public_status
+from shared.jobs import Submission, enqueue_job_async, isoformat, public_status
 from shared.models import ModelConfig
 from shared.settings import Settings
 
@@ -140,7 +140,7 @@ async def infer(
         idempotency_key=idempotency_key or None,
         owner=owner,
     )
-    job = await run_in_threadpool(enqueue_job, state.queues, settings, submission)
+    job = await enqueue_job_async(state.aredis, settings, submission)
     location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
     view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
     if view is not None and view["status"] == "finished":

@@ -5,17 +5,24 @@ taken from ARGV: that is Redis's rule for scripts (and what a Redis Cluster enfo
 declares its fixed keys and, for scripts over a batch, the keys it takes per job; ``Script.__call__``
 checks what it is given against that declaration. ARGV carries values only.
 
-Scripts run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to every
-pipeline that uses them, and Redis caches the compiled script by its hash either way.
+The workers' calls run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to
+every pipeline that uses them. The API's (``call_async``) send EVALSHA, and EVAL once when the server
+lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from shared.lifecycle.lua import ANNOUNCE as _ANNOUNCE
+
+Items = Sequence[Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -27,13 +34,19 @@ class Script:
     source: str
     per_item: tuple[str, ...] = ()
 
-    def __call__(
-        self,
-        client: Any,
-        fixed: Sequence[str],
-        items: Sequence[Sequence[str]] = (),
-        args: Sequence[Any] = (),
-    ) -> Any:
+    def __call__(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+        flat = self._keys(fixed, items)
+        return client.eval(self.body, len(flat), *flat, *args)
+
+    async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+        """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
+        flat = self._keys(fixed, items)
+        try:
+            return await client.evalsha(self.sha, len(flat), *flat, *args)
+        except NoScriptError:  # a restarted or flushed server: EVAL caches it again
+            return await client.eval(self.body, len(flat), *flat, *args)
+
+    def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
         if len(fixed) != len(self.keys):
             raise TypeError(f"script {self.name} declares keys {self.keys}, got {len(fixed)}")
         flat = list(fixed)
@@ -41,12 +54,17 @@ class Script:
             if len(group) != len(self.per_item):
                 raise TypeError(f"script {self.name} takes {self.per_item} per item, got {len(group)}")
             flat.extend(group)
-        return client.eval(self.body, len(flat), *flat, *args)
+        return flat
 
-    @property
+    @cached_property
     def body(self) -> str:
         stride = len(self.per_item)
         return f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n{self.source}"
+
+    @cached_property
+    def sha(self) -> str:
+        """What EVALSHA names the script by: the SHA-1 of its body, as Redis computes it."""
+        return hashlib.sha1(self.body.encode(), usedforsecurity=False).hexdigest()
 
 
 # Several queues: move the first waiting job into its intermediate list, trying the queues in the

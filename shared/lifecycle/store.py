@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, cast
 from uuid import uuid4
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from rq.exceptions import DequeueTimeout
 from rq.job import Retry
@@ -92,44 +94,99 @@ class NewJob:
     idempotency_ttl_s: int = 0
 
 
-def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
-    queue = layout.offline_queue(keys.queue_name(new.model, new.lane))
+@lru_cache(maxsize=1024)
+def _job_template(
+    queue_name: str,
+    model: str,
+    queue_ttl_s: int,
+    result_ttl_s: int,
+    failure_ttl_s: int,
+    timeout_s: int,
+    retries: int,
+    description: str,
+) -> tuple[Any, ...]:
+    """RQ's job hash for these options, built once by RQ's own ``Job.to_dict()``, less its timestamps.
+
+    Every field RQ reads stays what RQ itself writes (``rq info``, ``Job.fetch``, rq-dashboard); what
+    differs between two jobs of the same options is only the job's key and its timestamps.
+    """
+    queue = layout.offline_queue(queue_name)
     job = queue.create_job(
         layout.INFER_FUNC,
-        kwargs={"model": new.model},
-        job_id=new.id,
-        ttl=new.queue_ttl_s,
-        result_ttl=new.result_ttl_s,
-        failure_ttl=new.failure_ttl_s,
-        timeout=new.timeout_s,
-        description=new.description,
+        kwargs={"model": model},
+        job_id="template",
+        ttl=queue_ttl_s,
+        result_ttl=result_ttl_s,
+        failure_ttl=failure_ttl_s,
+        timeout=timeout_s,
+        description=description,
         # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
-        retry=Retry(max=new.retries) if new.retries else None,
+        retry=Retry(max=retries) if retries else None,
     )
-    job.origin, job.enqueued_at = queue.name, now()
+    job.origin = queue.name
     fields = job.to_dict()
     fields["status"] = "queued"
-    info_flat = [value for pair in new.info.items() for value in pair]
-    job_flat = [value for pair in fields.items() for value in pair]
-    qk = layout.queue_keys(queue.name)
-    idem_key, idem_value = new.idempotency or ("", "")
-    verdict, existing = scripts.ENQUEUE(
-        connection,
-        [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)],
-        [[idem_key]] if idem_key else [],
-        [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
-        + [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *job_flat],
+    for name in ("created_at", "enqueued_at"):
+        fields.pop(name, None)
+    return tuple(value for pair in fields.items() for value in pair)
+
+
+def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
+    """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
+    queue_name = keys.queue_name(new.model, new.lane)
+    template = _job_template(
+        queue_name,
+        new.model,
+        new.queue_ttl_s,
+        new.result_ttl_s,
+        new.failure_ttl_s,
+        new.timeout_s,
+        new.retries,
+        new.description,
     )
-    return _text(verdict), _text(existing), job.created_at
+    created_at = now()
+    stamp = utcformat(created_at)
+    info_flat = [value for pair in new.info.items() for value in pair]
+    qk = layout.queue_keys(queue_name)
+    idem_key, idem_value = new.idempotency or ("", "")
+    fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
+    args = [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
+    args += [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *template]
+    args += ["created_at", stamp, "enqueued_at", stamp]
+    return fixed, [[idem_key]] if idem_key else [], args, created_at
+
+
+def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
+    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
+    fixed, items, args, created_at = _enqueue_call(new)
+    verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
+    return _text(verdict), _text(existing), created_at
+
+
+async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, datetime | None]:
+    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments."""
+    fixed, items, args, created_at = _enqueue_call(new)
+    verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
+    return _text(verdict), _text(existing), created_at
+
+
+def _enqueued(job_id: str, status: bytes | None, created: bytes | None) -> Enqueued:
+    if status is None:
+        raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
+    return Enqueued(job_id, status.decode(), str_to_date(created) if created else None)
 
 
 def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
     """An existing job as the submit answer shows it; NotFound once it expired."""
     status, created = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), ["status", "created_at"]))
-    if status is None:
-        raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
-    return Enqueued(job_id, status.decode(), str_to_date(created) if created else None)
+    return _enqueued(job_id, status, created)
+
+
+async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
+    """``read_enqueued`` on a ``redis.asyncio`` client."""
+    reply = connection.hmget(layout.job_key(job_id), ["status", "created_at"])
+    status, created = await cast(Awaitable[list[bytes | None]], reply)
+    return _enqueued(job_id, status, created)
 
 
 def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
