@@ -226,6 +226,22 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
 
 
+def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:
+    """Popped jobs' inputs and content types, read ahead of their start (the worker's overlap): one round trip.
+
+    Reading changes nothing; the start script still decides which of them run.
+    """
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.get(keys.payload_key(job_id))
+            pipe.hget(keys.info_key(job_id), "content_type")
+        replies = pipe.execute()
+    return [
+        (payload or None, _text(content_type) if content_type else "")
+        for payload, content_type in zip(replies[::2], replies[1::2], strict=True)
+    ]
+
+
 def _batch_keys(job_id: str) -> list[str]:
     """A chunk's batch record, result lines and webhook delivery; for a single job its info key, untouched."""
     if keys.is_chunk(job_id):
