@@ -89,6 +89,11 @@ def hammer(
 
 def _run(cmd: list[str], duration_s: float, timeout_s: float) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + timeout_s + 30, check=False)
+    if done.returncode != 0 and "unable to connect" in done.stderr:
+        # wrk gives up at once when no connection can be made: every request failed, none was counted.
+        counts = {"duration_us": int(duration_s * 1e6), "requests": 0, "connect": 1, "read": 0, "write": 0}
+        counts |= {"status": 0, "timeout": 0, "p50_us": 0, "p90_us": 0, "p99_us": 0}
+        return f"INFERQ-WRK {json.dumps(counts)}"
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited with {done.returncode}: {done.stderr.strip()[-500:]}")
     return done.stdout
@@ -124,6 +129,10 @@ def parse_hey(text: str, clients: int) -> LoadResult:
     if total is None:
         raise ValueError(f"not a hey summary: {text[:200]!r}")
     percentiles = {float(p): float(s) * 1000 for p, s in _HEY_LINE.findall(text)}
+    slowest = re.search(r"Slowest:\s+(\d+(?:\.\d+)?) secs", text)
+    if 99.0 not in percentiles and 50.0 in percentiles and slowest is not None:
+        # hey leaves out a percentile past its last sample (under 100 answers): there, p99 is the slowest.
+        percentiles[99.0] = float(slowest.group(1)) * 1000
     statuses: dict[str, int] = {}
     errors: dict[str, int] = {}
     section = ""
@@ -220,15 +229,16 @@ def parse_wrk(text: str, clients: int) -> LoadResult:
     failed_answers = s["status"]
     ok = s["requests"] - failed_answers
     failed = failed_answers + s["connect"] + s["read"] + s["write"] + s["timeout"]
+    answered = ok > 0
     return LoadResult(
         "wrk",
         clients,
         s["duration_us"] / 1e6,
         ok,
         failed,
-        s["p50_us"] / 1000,
-        s["p90_us"] / 1000,
-        s["p99_us"] / 1000,
+        s["p50_us"] / 1000 if answered else None,
+        s["p90_us"] / 1000 if answered else None,
+        s["p99_us"] / 1000 if answered else None,
         {},
         errors,
     )
