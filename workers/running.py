@@ -52,6 +52,7 @@ class Item:
     custom_id: str | None = None
     value: Any = None
     output: Any = None
+    output_json: str | None = None  # the output as JSON, checked encodable once and stored as it is
     error: str | None = None
     traceback: str | None = None
 
@@ -271,7 +272,7 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     for item, output in zip(items, per_item, strict=True):
         try:
             result = handler.postprocess(output)
-            json.dumps(result, allow_nan=False)  # the result must be storable as strict JSON
+            item.output_json = json.dumps(result, allow_nan=False)  # the result must be storable as strict JSON
             item.output = result
         except Exception as exc:
             item.fail(f"could not encode the output: {readable(exc)}", exc)
