@@ -99,7 +99,8 @@ def drain_rows(results: dict[str, Any]) -> list[Row]:
     drain = results.get("drain")
     if not drain:
         return []
-    detail = f"{drain['inferq_jobs_per_s']:.0f} vs {drain['rq_jobs_per_s']:.0f} jobs/s"
+    rounds = len(drain.get("rounds", {}).get("inferq", [])) or 1
+    detail = f"{drain['inferq_jobs_per_s']:.0f} vs {drain['rq_jobs_per_s']:.0f} jobs/s, best of {rounds} alternated"
     return [_target("drain", drain["ratio"], 25.0, detail)]
 
 

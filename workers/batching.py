@@ -26,8 +26,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, cast
 
 import redis
@@ -61,6 +63,51 @@ log = logging.getLogger(__name__)
 # A prefetched batch waits unstarted in RQ's intermediate list, where RQ's cleanup fails a job left over
 # a minute; one held this long (the batch before it runs long) goes back to the front of its queue.
 PREFETCH_HOLD_LIMIT_S = 30.0
+
+
+class KeepAlive:
+    """One thread for the worker's life that calls ``beat(batch)`` every ``every_s`` while a batch runs.
+
+    A thread started per batch cost more than a no-op model's whole batch. After ``end()`` returns, no
+    beat for the batch that ended is running or will run.
+    """
+
+    def __init__(self, beat: Callable[[Any], None], every_s: float) -> None:
+        self._beat = beat
+        self._every_s = every_s
+        self._cond = threading.Condition()
+        self._busy = threading.Lock()  # held while a beat runs
+        self._batch: Any = None
+        self._thread: threading.Thread | None = None
+
+    def begin(self, batch: Any) -> None:
+        with self._cond:
+            self._batch = batch
+            self._cond.notify_all()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="inferq-keep-alive", daemon=True)
+            self._thread.start()
+
+    def end(self) -> None:
+        with self._cond:
+            self._batch = None
+            self._cond.notify_all()
+        with self._busy:  # a beat already under way finishes first
+            pass
+
+    def _moved_on(self, batch: Any) -> bool:
+        return self._batch is not batch
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._batch is not None)
+                batch = self._batch
+                if self._cond.wait_for(partial(self._moved_on, batch), timeout=self._every_s):
+                    continue  # it ended before its beat was due
+            with self._busy:
+                if self._batch is batch:
+                    self._beat(batch)
 
 
 @dataclass
@@ -120,6 +167,7 @@ class BatchWorker(SimpleWorker):
         self.push_exc_handler(self._note_abandoned)
 
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
+        self._beats = KeepAlive(self._keep_alive, settings.heartbeat_ttl_s / 3)
         self._suspension_checked_at = -math.inf
         self.batches_run = 0
 
@@ -312,9 +360,7 @@ class BatchWorker(SimpleWorker):
 
     def _run(self, runner: ModelRunner, items: list[Item], queue: Queue, prepared: Prepared | None = None) -> None:
         self._running = (items, queue)
-        stop = threading.Event()
-        beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
-        beat.start()
+        self._beats.begin((layout.queue_keys(queue.name), _jobs(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
         try:
             # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
@@ -332,8 +378,7 @@ class BatchWorker(SimpleWorker):
                 if item.output is None and item.error is None:
                     item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
         finally:
-            stop.set()
-            beat.join()
+            self._beats.end()
         for item in items:
             item.info["inference_ms"] = f"{report.inference_ms:.3f}"
         if report.padded_tokens:
@@ -348,22 +393,19 @@ class BatchWorker(SimpleWorker):
         self._running = None  # from here on a forced stop must not requeue: results are being stored
         self._retrying(lambda: self._finish(runner, items, queue))
 
-    def _keep_alive(self, items: list[Item], queue: Queue, stop: threading.Event) -> None:
+    def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
+        self._expire_prefetched()
+        qk, jobs = batch
         ttl_s = self.settings.heartbeat_ttl_s
-        job_ttl_s = self._running_job_ttl_s()
-        qk = layout.queue_keys(queue.name)
-        jobs = _jobs(items)
-        while not stop.wait(ttl_s / 3):
-            self._expire_prefetched()
-            try:
-                with self.connection.pipeline(transaction=False) as pipe:
-                    store.keep_alive(pipe, qk, jobs, ttl_s, job_ttl_s)
-                    pipe.hset(self.key, "last_heartbeat", utcformat(now()))
-                    pipe.expire(self.key, self.worker_ttl + 60)
-                    pipe.execute()
-            except redis.exceptions.RedisError as exc:
-                log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                store.keep_alive(pipe, qk, jobs, ttl_s, self._running_job_ttl_s())
+                pipe.hset(self.key, "last_heartbeat", utcformat(now()))
+                pipe.expire(self.key, self.worker_ttl + 60)
+                pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
 
     # -- the overlap: the next batch, prepared while this one runs ----------------------------------
     def _start_prefetch(self) -> None:
@@ -587,7 +629,7 @@ class BatchWorker(SimpleWorker):
             info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
         if item.error is None:
             ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
-            return Outcome(job, True, item.output, int(ttl), info, runner.config.name)
+            return Outcome(job, True, item.output, int(ttl), info, runner.config.name, value_json=item.output_json)
         info["error"] = item.error
         ttl = job.failure_ttl or self.settings.failure_ttl_s
         return Outcome(job, False, item.traceback or item.error, int(ttl), info, runner.config.name)
