@@ -233,7 +233,8 @@ class Bench:
             }
             jobs = (2000, 150) if quick else (10000, 500)
             self.results["drain"] = drain(self.redis.url, self.models["noop"], *jobs)
-            self.results["overlap"] = overlap_cost(self.redis.url, self.models["resnet"], 48 if quick else 160, 2)
+            overlap_jobs, overlap_rounds = (32, 1) if quick else (160, 2)
+            self.results["overlap"] = overlap_cost(self.redis.url, self.models["resnet"], overlap_jobs, overlap_rounds)
             self.results["gpu"] = gpu_rows(self.redis.url, self.models["resnet"], quick)
             bulk_items = 2000 if quick else 20000
             self.results["bulk_drain"] = bulk_vs_singles(self.redis.url, self.models["noop"], bulk_items)
@@ -390,7 +391,7 @@ class Bench:
                 result["resnet"]["open"].append({**point, "fraction_of_bare": fraction})
             self.results["systems"]["inferq"] = result
             images, _ = payloads_for("resnet")
-            lanes = lanes_latency(base, "resnet", images, "image/jpeg", 80 if self.args.quick else 400)
+            lanes = lanes_latency(base, "resnet", images, "image/jpeg", 40 if self.args.quick else 400)
             lanes["batch_ms"] = self.results["bare"]["resnet"]["points"][-1]["batch_ms"]
             self.results["lanes"] = lanes
             time.sleep(KEY_TTL_S + 2)
