@@ -147,6 +147,17 @@ def test_the_next_batch_is_prepared_while_the_model_runs_with_the_same_results(
     assert all(status == "finished" for status, _, _ in outcomes["on"])
 
 
+def test_a_worker_prefetches_again_when_it_works_again(redis: redis_py.Redis, redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url)
+    worker, handler = _worker(redis, redis_url, "on", "overlap-twice")
+    for round_ in range(2):
+        _submit(redis, settings, 8)
+        handler.total, handler.forwarded, handler.preprocessed = 8, 0, 0
+        worker.work(burst=True)
+        assert worker.batches_prefetched == round_ + 1  # the second of each round's two batches
+    assert redis.llen(f"{QUEUE}:intermediate") == 0
+
+
 def test_a_job_canceled_while_prefetched_is_dropped_and_the_rest_run_once(
     redis: redis_py.Redis, redis_url: str
 ) -> None:

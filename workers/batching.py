@@ -233,6 +233,7 @@ class BatchWorker(SimpleWorker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
+        self._prefetch_closed = False  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
         finally:
