@@ -40,7 +40,7 @@ def _worker(connection: Redis, settings: Settings, model_dir: Path, name: str) -
 def bulk_vs_singles(redis_url: str, model_dir: Path, items: int) -> dict[str, Any]:
     """Submit and drain ``items`` no-op inputs as single jobs, then as one bulk batch: seconds per item."""
     connection = Redis.from_url(redis_url)
-    settings = Settings(redis_url=redis_url)
+    settings = Settings(redis_url=redis_url, max_queue_length=max(items, 1) * 2)  # all of them queued at once
     model = model_dir.name
     payloads = [json.dumps({"inputs": [i, 1.0, 2.0, 3.0]}).encode() for i in range(8)]
     chunk = load_model_config(model_dir).max_batch

@@ -1,4 +1,7 @@
-"""Load generators: closed loop (N clients, each submit then wait) and open loop (Poisson arrivals)."""
+"""The asyncio load generator: closed loop (N clients, each submit then wait) and open loop (Poisson
+arrivals), with aiohttp. It always runs in a process of its own (``bench.loadgen``), never in the
+bench's process, and its ceiling is measured alongside (``bench.generators``).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
-# One request's outcome: seconds from submit to result, and what the server said of the job.
-Call = Callable[[httpx.AsyncClient, bytes], Awaitable[dict[str, Any]]]
+# One request's outcome: what the server said of the job.
+Call = Callable[[aiohttp.ClientSession, bytes], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Stats:
     offered: float
     duration_s: float
     samples: list[Sample] = field(default_factory=list)
+    calls_per_item: int = 1
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
@@ -46,29 +50,41 @@ class Stats:
             "completed": len(ok),
             "errors": len(self.samples) - len(ok),
             "throughput_per_s": len(ok) / self.duration_s if self.duration_s else 0.0,
-            "p50_ms": _pct(lat, 50),
-            "p95_ms": _pct(lat, 95),
-            "p99_ms": _pct(lat, 99),
+            "p50_ms": pct(lat, 50),
+            "p95_ms": pct(lat, 95),
+            "p99_ms": pct(lat, 99),
             "mean_batch": statistics.fmean(batches) if batches else None,
             "queue_ms_mean": statistics.fmean(queue) if queue else None,
             "inference_ms_mean": statistics.fmean(infer) if infer else None,
+            "calls_per_item": self.calls_per_item,
         }
 
 
-def _pct(sorted_values: list[float], pct: float) -> float | None:
+def pct(sorted_values: list[float], percent: float) -> float | None:
     if not sorted_values:
         return None
-    index = min(len(sorted_values) - 1, max(0, round(pct / 100 * len(sorted_values) + 0.5) - 1))
+    index = min(len(sorted_values) - 1, max(0, round(percent / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[index]
+
+
+def bare_get(base: str, path: str) -> Call:
+    """A bare route (``/healthz``): the generator's own ceiling."""
+
+    async def call(client: aiohttp.ClientSession, payload: bytes) -> dict[str, Any]:
+        async with client.get(f"{base}{path}") as response:
+            await response.read()
+            return {"status": "finished" if response.status == 200 else "error"}
+
+    return call
 
 
 def submit_prefer_wait(base: str, submit_path: str, content_type: str) -> Call:
     """inferq's one-call form: POST with ``Prefer: wait=60`` answers with the finished job."""
 
-    async def call(client: httpx.AsyncClient, payload: bytes) -> dict[str, Any]:
+    async def call(client: aiohttp.ClientSession, payload: bytes) -> dict[str, Any]:
         headers = {"content-type": content_type, "prefer": "wait=60"}
-        response = await client.post(f"{base}{submit_path}", content=payload, headers=headers)
-        return dict(response.json())
+        async with client.post(f"{base}{submit_path}", data=payload, headers=headers) as response:
+            return dict(await response.json(content_type=None))
 
     return call
 
@@ -76,25 +92,34 @@ def submit_prefer_wait(base: str, submit_path: str, content_type: str) -> Call:
 def submit_then_wait(base: str, submit_path: str, content_type: str, job_path: str) -> Call:
     """POST the payload, then GET the job with ?wait= until it ends: the same two calls for every system."""
 
-    async def call(client: httpx.AsyncClient, payload: bytes) -> dict[str, Any]:
-        response = await client.post(f"{base}{submit_path}", content=payload, headers={"content-type": content_type})
-        body = response.json()
-        if response.status_code == 200 and body.get("status") == "finished":
-            return body  # a synchronous server answers in the submit
-        if response.status_code != 202:
+    async def call(client: aiohttp.ClientSession, payload: bytes) -> dict[str, Any]:
+        headers = {"content-type": content_type}
+        async with client.post(f"{base}{submit_path}", data=payload, headers=headers) as response:
+            body = await response.json(content_type=None)
+            status = response.status
+        if status == 200 and body.get("status") == "finished":
+            return dict(body)  # a synchronous server answers in the submit
+        if status != 202:
             return {"status": "error", "error": body}
-        job = await client.get(f"{base}{job_path.format(id=body['id'])}", params={"wait": 60})
-        return dict(job.json())
+        async with client.get(f"{base}{job_path.format(id=body['id'])}", params={"wait": "60"}) as job:
+            return dict(await job.json(content_type=None))
 
     return call
 
 
-async def _one(client: httpx.AsyncClient, call: Call, payload: bytes, stats: Stats) -> None:
+CALLS: dict[str, Callable[..., Call]] = {
+    "bare_get": bare_get,
+    "prefer_wait": submit_prefer_wait,
+    "submit_then_wait": submit_then_wait,
+}
+
+
+async def _one(client: aiohttp.ClientSession, call: Call, payload: bytes, stats: Stats) -> None:
     started = time.perf_counter()
     try:
         body = await call(client, payload)
         ok = body.get("status") == "finished"
-    except (httpx.HTTPError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
         body, ok = {}, False
     timings = body.get("timings_ms") or {}
     stats.samples.append(
@@ -108,11 +133,15 @@ async def _one(client: httpx.AsyncClient, call: Call, payload: bytes, stats: Sta
     )
 
 
+def _session(connections: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120))
+
+
 async def closed_loop(call: Call, payloads: list[bytes], clients: int, duration_s: float, label: str) -> Stats:
     """``clients`` loops, each sending its next request as soon as the last one ended."""
     stats = Stats(label, clients, duration_s)
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    async with _session(clients + 4) as client:
         await _one(client, call, payloads[0], Stats("warmup", 0, 0))
         deadline = time.perf_counter() + duration_s
 
@@ -132,7 +161,7 @@ async def open_loop(call: Call, payloads: list[bytes], rate_per_s: float, durati
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``, whatever the server's pace."""
     stats = Stats(label, rate_per_s, duration_s)
     rng = random.Random(1)
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=512)) as client:
+    async with _session(512) as client:
         await _one(client, call, payloads[0], Stats("warmup", 0, 0))
         tasks = []
         started = time.perf_counter()

@@ -3,133 +3,316 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 TARGETS_DOC = {
+    "submit_path": "submit path: digit submits >= 0.35x /healthz, one API process, worker paused",
+    "waiting_clients": "many waiting clients (Prefer: wait, 16-1,024): at 1,024 >= 0.9x best, 0 failures, "
+    "p99 <= 3x p50",
+    "api_workers": "`inferq api --workers 2`: >= 1.5x one process's submit rate, worker paused",
     "drain": "worker drain, no-op model: >= 25x RQ SimpleWorker",
+    "overlap_cpu": "GPU-path overlap costs nothing on the CPU: ResNet saturation, overlap forced on >= 0.95x off",
+    "gpu_saturation": "GPU: ResNet saturation >= 0.95x the bare model's best batch throughput",
+    "gpu_idle": "GPU: one client p50 <= bare batch-1 time + 3 ms",
     "e2e_noop": "end to end, no-op model: >= 5x the plain-RQ peer",
     "saturation": "ResNet at saturation: >= 0.9x the bare model at the worker's max batch",
     "idle_latency": "one client: p50 <= bare batch-1 time + 5 ms",
     "keys": "after results expire, no more keys than before the run",
     "bulk_drain": "bulk batch, no-op model, submit + drain per item: >= 3x cheaper than single jobs",
     "lanes_latency": "one client during a bulk drain: p50 <= idle p50 + one batch time",
+    "generator": "the load generator is not the bottleneck: no target figure within 90% of its ceiling",
 }
+LIMITED = " (limited by the generator)"
+Row = dict[str, Any]
 
 
 def _best(points: list[dict[str, Any]]) -> dict[str, Any]:
     return max(points, key=lambda p: p["throughput_per_s"])
 
 
-def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target with the measured ratio and whether it holds."""
-    out = []
-    systems = results.get("systems", {})
-    inferq = systems.get("inferq", {})
-    drain = results.get("drain")
-    if drain:
-        out.append(
-            _target(
-                "drain",
-                drain["ratio"],
-                25.0,
-                f"{drain['inferq_jobs_per_s']:.0f} vs {drain['rq_jobs_per_s']:.0f} jobs/s",
-            )
-        )
-    plain = systems.get("plain_rq", {})
-    if "noop" in inferq and "noop" in plain:
-        ours, theirs = _best(inferq["noop"]["closed"]), _best(plain["noop"]["closed"])
-        ratio = ours["throughput_per_s"] / max(theirs["throughput_per_s"], 1e-9)
-        out.append(
-            _target(
-                "e2e_noop", ratio, 5.0, f"{ours['throughput_per_s']:.0f} vs {theirs['throughput_per_s']:.0f} jobs/s"
-            )
-        )
-    bare = results.get("bare", {}).get("resnet")
-    if bare and "resnet" in inferq:
-        at_max = bare["points"][-1]
-        ours = _best(inferq["resnet"]["closed"])
-        out.append(
-            _target(
-                "saturation",
-                ours["throughput_per_s"] / at_max["items_per_s"],
-                0.9,
-                f"{ours['throughput_per_s']:.1f} vs {at_max['items_per_s']:.1f} img/s "
-                f"(bare at batch {at_max['batch']})",
-            )
-        )
-        one = inferq["resnet"]["closed"][0]
-        bare_one = bare["points"][0]["batch_ms"]
-        overhead = (one["p50_ms"] or 0) - bare_one
-        out.append(
-            {
-                "name": "idle_latency",
-                "doc": TARGETS_DOC["idle_latency"],
-                "value": overhead,
-                "holds": overhead <= 5.0,
-                "detail": f"p50 {one['p50_ms']:.1f} ms vs bare {bare_one:.1f} ms (+{overhead:.1f} ms)",
-            }
-        )
-    bulk_drain = results.get("bulk_drain")
-    if bulk_drain:
-        out.append(
-            _target(
-                "bulk_drain",
-                bulk_drain["ratio"],
-                3.0,
-                f"{bulk_drain['bulk_us_per_item']:.0f} vs {bulk_drain['single_us_per_item']:.0f} us/item, "
-                f"{bulk_drain['items']:,} items",
-            )
-        )
-    lanes = results.get("lanes")
-    if lanes:
-        allowed = lanes["idle_p50_ms"] + lanes["batch_ms"]
-        out.append(
-            {
-                "name": "lanes_latency",
-                "doc": TARGETS_DOC["lanes_latency"],
-                "value": lanes["during_p50_ms"],
-                "holds": lanes["during_p50_ms"] <= allowed and lanes["bulk_finished"] == lanes["items"],
-                "detail": f"p50 {lanes['during_p50_ms']:.1f} ms during vs {lanes['idle_p50_ms']:.1f} ms idle "
-                f"+ {lanes['batch_ms']:.1f} ms batch; bulk run of {lanes['items']} finished {lanes['bulk_finished']}",
-            }
-        )
-    keys = results.get("keys")
-    if keys:
-        out.append(
-            {
-                "name": "keys",
-                "doc": TARGETS_DOC["keys"],
-                "value": keys["after"] - keys["before"],
-                "holds": keys["after"] <= keys["before"],
-                "detail": f"{keys['before']} before, {keys['after']} after",
-            }
-        )
-    return out
-
-
-def _target(name: str, ratio: float, goal: float, detail: str) -> dict[str, Any]:
+def _target(name: str, ratio: float, goal: float, detail: str, limited: bool = False) -> Row:
     return {
         "name": name,
         "doc": TARGETS_DOC[name],
         "value": ratio,
         "holds": ratio >= goal,
-        "detail": f"{ratio:.2f}x ({detail})",
+        "detail": f"{ratio:.2f}x ({detail}){LIMITED if limited else ''}",
+        "limited": limited,
     }
+
+
+def _unmeasured(name: str, why: str, state: str = "not measured") -> Row:
+    return {"name": name, "doc": TARGETS_DOC[name], "value": None, "holds": None, "state": state, "detail": why}
+
+
+def submit_path_rows(results: dict[str, Any]) -> list[Row]:
+    one = results.get("api", {}).get("one")
+    if not one:
+        return []
+    detail = (
+        f"{one['submits']['per_s']:.0f} submits/s vs {one['healthz']['per_s']:.0f} /healthz/s, "
+        f"{one['submits']['clients']} connections, {one['submits']['tool']}; "
+        f"{one['submits']['failed']} failed"
+    )
+    return [_target("submit_path", one["ratio"], 0.35, detail, one["limited_by_generator"])]
+
+
+def api_workers_rows(results: dict[str, Any]) -> list[Row]:
+    api = results.get("api", {})
+    one, two = api.get("one"), api.get("two")
+    if not one or not two:
+        return []
+    if "not_measured" in two:
+        return [_unmeasured("api_workers", two["not_measured"])]
+    ratio = two["submits"]["per_s"] / max(one["submits"]["per_s"], 1e-9)
+    detail = f"{two['submits']['per_s']:.0f} vs {one['submits']['per_s']:.0f} submits/s"
+    return [_target("api_workers", ratio, 1.5, detail, two["limited_by_generator"])]
+
+
+def waiting_rows(results: dict[str, Any]) -> list[Row]:
+    points = results.get("waiting", {}).get("points")
+    if not points:
+        return []
+    best = max(p["per_s"] for p in points)
+    last = points[-1]
+    failed = sum(p["failed"] for p in points)
+    share = last["per_s"] / max(best, 1e-9)
+    tail = (last["p99_ms"] or 0) / max(last["p50_ms"] or 1e-9, 1e-9)
+    limited = any(p["limited_by_generator"] for p in points)
+    return [
+        {
+            "name": "waiting_clients",
+            "doc": TARGETS_DOC["waiting_clients"],
+            "value": share,
+            "holds": share >= 0.9 and failed == 0 and tail <= 3.0,
+            "detail": f"{share:.2f}x best ({last['per_s']:.0f} vs {best:.0f}/s at {last['clients']} clients), "
+            f"{failed} failed, p99/p50 {tail:.1f} ({_f(last['p99_ms'])}/{_f(last['p50_ms'])} ms)"
+            + (LIMITED if limited else ""),
+            "limited": limited,
+        }
+    ]
+
+
+def drain_rows(results: dict[str, Any]) -> list[Row]:
+    drain = results.get("drain")
+    if not drain:
+        return []
+    rounds = len(drain.get("rounds", {}).get("inferq", [])) or 1
+    detail = f"{drain['inferq_jobs_per_s']:.0f} vs {drain['rq_jobs_per_s']:.0f} jobs/s, best of {rounds} alternated"
+    return [_target("drain", drain["ratio"], 25.0, detail)]
+
+
+def overlap_rows(results: dict[str, Any]) -> list[Row]:
+    overlap = results.get("overlap")
+    if not overlap:
+        return []
+    detail = (
+        f"best of {overlap['rounds']}: {max(overlap['on']):.1f} vs {max(overlap['off']):.1f} img/s, "
+        f"{overlap['jobs']} jobs queued; the default (auto) is off on a CPU"
+    )
+    return [_target("overlap_cpu", overlap["ratio"], 0.95, detail)]
+
+
+def gpu_rows(results: dict[str, Any]) -> list[Row]:
+    gpu = results.get("gpu")
+    if gpu is None:
+        return []
+    if "owed" in gpu:
+        return [
+            _unmeasured("gpu_saturation", gpu["owed"], "owed: no GPU"),
+            _unmeasured("gpu_idle", gpu["owed"], "owed: no GPU"),
+        ]
+    best = gpu["bare"]["best_items_per_s"]
+    ours = gpu["saturation_overlap_on"]
+    detail = f"{ours:.0f} vs {best:.0f} img/s on {gpu['device']}; overlap off: {gpu['saturation_overlap_off']:.0f}"
+    return [
+        _target("gpu_saturation", ours / best, 0.95, detail),
+        _unmeasured("gpu_idle", "this run measures the GPU with the worker alone, not through the API"),
+    ]
+
+
+def e2e_rows(results: dict[str, Any]) -> list[Row]:
+    systems = results.get("systems", {})
+    inferq, plain = systems.get("inferq", {}), systems.get("plain_rq", {})
+    if "noop" not in inferq or "noop" not in plain:
+        return []
+    ours, theirs = _best(inferq["noop"]["closed"]), _best(plain["noop"]["closed"])
+    ratio = ours["throughput_per_s"] / max(theirs["throughput_per_s"], 1e-9)
+    limited = bool(ours.get("limited_by_generator") or theirs.get("limited_by_generator"))
+    detail = f"{ours['throughput_per_s']:.0f} vs {theirs['throughput_per_s']:.0f} jobs/s"
+    return [_target("e2e_noop", ratio, 5.0, detail, limited)]
+
+
+def saturation_rows(results: dict[str, Any]) -> list[Row]:
+    bare = results.get("bare", {}).get("resnet")
+    inferq = results.get("systems", {}).get("inferq", {})
+    if not bare or "resnet" not in inferq:
+        return []
+    at_max = bare["points"][-1]
+    ours = _best(inferq["resnet"]["closed"])
+    out = [
+        _target(
+            "saturation",
+            ours["throughput_per_s"] / at_max["items_per_s"],
+            0.9,
+            f"{ours['throughput_per_s']:.1f} vs {at_max['items_per_s']:.1f} img/s (bare at batch {at_max['batch']})",
+            bool(ours.get("limited_by_generator")),
+        )
+    ]
+    one = inferq["resnet"]["closed"][0]
+    bare_one = bare["points"][0]["batch_ms"]
+    overhead = (one["p50_ms"] or 0) - bare_one
+    out.append(
+        {
+            "name": "idle_latency",
+            "doc": TARGETS_DOC["idle_latency"],
+            "value": overhead,
+            "holds": overhead <= 5.0,
+            "detail": f"p50 {one['p50_ms']:.1f} ms vs bare {bare_one:.1f} ms (+{overhead:.1f} ms)",
+        }
+    )
+    return out
+
+
+def bulk_rows(results: dict[str, Any]) -> list[Row]:
+    bulk_drain = results.get("bulk_drain")
+    if not bulk_drain:
+        return []
+    detail = (
+        f"{bulk_drain['bulk_us_per_item']:.0f} vs {bulk_drain['single_us_per_item']:.0f} us/item, "
+        f"{bulk_drain['items']:,} items"
+    )
+    return [_target("bulk_drain", bulk_drain["ratio"], 3.0, detail)]
+
+
+def lanes_rows(results: dict[str, Any]) -> list[Row]:
+    lanes = results.get("lanes")
+    if not lanes:
+        return []
+    allowed = lanes["idle_p50_ms"] + lanes["batch_ms"]
+    return [
+        {
+            "name": "lanes_latency",
+            "doc": TARGETS_DOC["lanes_latency"],
+            "value": lanes["during_p50_ms"],
+            "holds": lanes["during_p50_ms"] <= allowed and lanes["bulk_finished"] == lanes["items"],
+            "detail": f"p50 {lanes['during_p50_ms']:.1f} ms during vs {lanes['idle_p50_ms']:.1f} ms idle "
+            f"+ {lanes['batch_ms']:.1f} ms batch; bulk run of {lanes['items']} finished {lanes['bulk_finished']}",
+        }
+    ]
+
+
+def keys_rows(results: dict[str, Any]) -> list[Row]:
+    keys = results.get("keys")
+    if not keys:
+        return []
+    return [
+        {
+            "name": "keys",
+            "doc": TARGETS_DOC["keys"],
+            "value": keys["after"] - keys["before"],
+            "holds": keys["after"] <= keys["before"],
+            "detail": f"{keys['before']} before, {keys['after']} after",
+        }
+    ]
+
+
+# The targets table, in order: one entry per group of rows; a new row is one function here.
+ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
+    submit_path_rows,
+    waiting_rows,
+    api_workers_rows,
+    drain_rows,
+    overlap_rows,
+    gpu_rows,
+    e2e_rows,
+    saturation_rows,
+    bulk_rows,
+    lanes_rows,
+    keys_rows,
+]
+
+
+def targets(results: dict[str, Any]) -> list[Row]:
+    """Each target with the measured ratio and whether it holds (None: not measured, or owed)."""
+    out = [row for rows in ROWS for row in rows(results)]
+    limited = [row["name"] for row in out if row.get("limited")]
+    tool = results.get("loadgen", "?")
+    out.append(
+        {
+            "name": "generator",
+            "doc": TARGETS_DOC["generator"],
+            "value": len(limited),
+            "holds": not limited,
+            "detail": f"{tool}; limited: {', '.join(limited)}" if limited else f"{tool}; none limited",
+        }
+    )
+    return out
+
+
+def _generator_tables(results: dict[str, Any]) -> list[str]:
+    """The submit path, the waiting clients and every ceiling the generator reached on /healthz."""
+    lines: list[str] = []
+    api = results.get("api", {})
+    measured = [(label, api[key]) for key, label in (("one", "1 process"), ("two", "--workers 2")) if key in api]
+    measured = [(label, m) for label, m in measured if "submits" in m]
+    if measured:
+        lines += [
+            "",
+            f"Submit path, worker paused, {api.get('clients')} connections ({api.get('tool')}):",
+            "",
+            "| API | /healthz per s | digit submits per s | ratio | submit p50 ms | submit p99 ms | failed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for label, m in measured:
+            sub = m["submits"]
+            mark = " *" if m["limited_by_generator"] else ""
+            lines.append(
+                f"| {label} | {m['healthz']['per_s']:.0f} | {sub['per_s']:.0f}{mark}"
+                f" | {m['ratio']:.2f} | {_f(sub['p50_ms'])} | {_f(sub['p99_ms'])} | {sub['failed']} |"
+            )
+    waiting = results.get("waiting", {}).get("points")
+    if waiting:
+        lines += [
+            "",
+            f"Many waiting clients: no-op model, each client a `Prefer: wait` submit ({results['waiting']['tool']}):",
+            "",
+            "| clients | jobs per s | p50 ms | p90 ms | p99 ms | failed | generator ceiling per s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in waiting:
+            lines.append(
+                f"| {p['clients']} | {p['per_s']:.0f}{' *' if p['limited_by_generator'] else ''} | "
+                f"{_f(p['p50_ms'])} | {_f(p['p90_ms'])} | {_f(p['p99_ms'])} | {p['failed']} | "
+                f"{p['generator_ceiling_per_s']:.0f} |"
+            )
+    if lines:
+        lines += ["", "\\* limited by the generator: within 90% of what it sends to /healthz at that concurrency."]
+    return lines
+
+
+def _holds(target: Row) -> str:
+    if target["holds"] is None:
+        return str(target.get("state", "not measured"))
+    return "yes" if target["holds"] else "**no**"
 
 
 def markdown(results: dict[str, Any]) -> str:
     machine = results["machine"]
     lines = [
         f"Machine: {machine['platform']}, {machine['cpus']} CPUs, torch {machine['torch']} on "
-        f"{machine['device']}; {results['point_seconds']:.0f} s per load point; run took "
+        f"{machine['device']}; load generator {results.get('loadgen', '?')}; {results['point_seconds']:.0f} s per "
+        "load point; run took "
         f"{results.get('wall_s', 0) / 60:.1f} min.",
         "",
         "| target | measured | holds |",
         "|---|---|---|",
     ]
     for target in targets(results):
-        lines.append(f"| {target['doc']} | {target['detail']} | {'yes' if target['holds'] else '**no**'} |")
+        lines.append(f"| {target['doc']} | {target['detail']} | {_holds(target)} |")
+    lines += _generator_tables(results)
     lines += ["", "ResNet-18-sized CNN, 224x224 JPEG in, closed loop (each client: submit, then wait):", ""]
     lines += [
         "| system | clients | throughput img/s | p50 ms | p95 ms | p99 ms | mean batch | queue ms | model ms |",
@@ -184,8 +367,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def _row(name: str, p: dict[str, Any]) -> str:
+    mark = " *" if p.get("limited_by_generator") else ""
     return (
-        f"| {name} | {p['offered']:.0f} | {p['throughput_per_s']:.1f} | {_f(p['p50_ms'])} | {_f(p['p95_ms'])} | "
+        f"| {name} | {p['offered']:.0f} | {p['throughput_per_s']:.1f}{mark} | {_f(p['p50_ms'])} | {_f(p['p95_ms'])} | "
         f"{_f(p['p99_ms'])} | {_f(p['mean_batch'])} | {_f(p['queue_ms_mean'])} | {_f(p['inference_ms_mean'])} |"
     )
 

@@ -7,7 +7,6 @@ load point (for a smoke run); `--skip-peers` measures inferq and the bare model 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import io
 import json
@@ -27,7 +26,7 @@ from redis import Redis
 from rq.registry import clean_registries
 
 from bench.bulk import bulk_vs_singles, lanes_latency
-from bench.load import Stats, closed_loop, open_loop, submit_prefer_wait, submit_then_wait
+from bench.generators import LoadResult, hammer, limited, pick_tool, python_loop
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.report import write_report
@@ -45,6 +44,9 @@ log = logging.getLogger("bench")
 RESNET_MAX_BATCH = 8
 KEY_TTL_S = 10
 CONCURRENCY = (1, 4, 16, 64)
+# Many clients each waiting on its job (`Prefer: wait`), and the concurrency of the submit-path rows.
+WAITING_CLIENTS = (16, 64, 256, 1024)
+SUBMIT_CLIENTS = 64
 PEERS = ("plain_rq", "sync_fastapi", "celery_batches")
 
 
@@ -70,64 +72,147 @@ def payloads_for(model: str, count: int = 32) -> tuple[list[bytes], str]:
     return out, "image/jpeg"
 
 
-def bare_model(model_dir: Path, batch_sizes: list[int], min_time_s: float) -> dict[str, Any]:
+def bare_model(model_dir: Path, batch_sizes: list[int], min_time_s: float, device: str = "cpu") -> dict[str, Any]:
     """A tight model(batch) loop on prepared inputs: the physical limit."""
     config = load_model_config(model_dir)
-    handler = load_handler(config, torch.device("cpu"))
+    handler = load_handler(config, torch.device(device))
     handler.load()
     payloads, content_type = payloads_for(model_dir.name, 8)
     item = handler.preprocess(payloads[0], content_type)
     points = []
     for size in batch_sizes:
-        batch = torch.stack([item] * size)
-        handler.predict(batch)  # warm-up
-        runs, started = 0, time.perf_counter()
-        while time.perf_counter() - started < min_time_s or runs < 3:
-            handler.predict(batch)
-            runs += 1
+        with torch.inference_mode():
+            batch = handler.collate([item] * size)
+            handler.predict(batch)  # warm-up
+            _sync(device)
+            runs, started = 0, time.perf_counter()
+            while time.perf_counter() - started < min_time_s or runs < 3:
+                handler.uncollate(handler.predict(batch), size)  # outputs back on the host, as a worker needs
+                runs += 1
         per_batch_s = (time.perf_counter() - started) / runs
         points.append({"batch": size, "batch_ms": per_batch_s * 1000, "items_per_s": size / per_batch_s})
-        log.info("bare %s batch %d: %.1f items/s", model_dir.name, size, size / per_batch_s)
+        log.info("bare %s on %s, batch %d: %.1f items/s", model_dir.name, device, size, size / per_batch_s)
     return {"points": points, "best_items_per_s": max(p["items_per_s"] for p in points)}
 
 
-def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int) -> dict[str, Any]:
-    """Jobs already enqueued, drained by one worker: inferq's BatchWorker vs RQ's SimpleWorker."""
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _worker(connection: Redis, settings: Settings, model_dir: Path, device: str, name: str) -> BatchWorker:
+    config = load_model_config(model_dir)
+    handler = load_handler(config, torch.device(device))
+    handler.load()
+    runner = ModelRunner(config, handler, torch.device(device), config.max_batch)
+    return BatchWorker({config.name: runner}, connection=connection, settings=settings, name=name)
+
+
+def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int, rounds: int = 3) -> dict[str, Any]:
+    """Jobs already enqueued, drained by one worker: inferq's BatchWorker vs RQ's SimpleWorker.
+
+    The two alternate, ``rounds`` times each, and the best round of each counts: on a shared machine a
+    burst of someone else's work then lands on one round, not on one side of the ratio.
+    """
     from bench.peers import plain_rq
 
     connection = Redis.from_url(redis_url)
     settings = Settings(redis_url=redis_url)
-    config = load_model_config(model_dir)
-    handler = load_handler(config, torch.device("cpu"))
-    handler.load()
     payloads, content_type = payloads_for("noop", 8)
+    inferq_rates, rq_rates = [], []
+    for round_ in range(rounds):
+        connection.flushall()
+        queues = QueueCache(connection)
+        for i in range(inferq_jobs):
+            enqueue_job(queues, settings, Submission("noop", payloads[i % 8], content_type))
+        worker = _worker(connection, settings, model_dir, "cpu", f"bench-drain-{os.getpid()}-{round_}")
+        started = time.perf_counter()
+        worker.work(burst=True, logging_level="WARNING")
+        inferq_rates.append(inferq_jobs / (time.perf_counter() - started))
 
-    connection.flushall()
-    queues = QueueCache(connection)
-    for i in range(inferq_jobs):
-        enqueue_job(queues, settings, Submission("noop", payloads[i % 8], content_type))
-    worker = BatchWorker(
-        {"noop": ModelRunner(config, handler, torch.device("cpu"), config.max_batch)},
-        connection=connection,
-        settings=settings,
-        name=f"bench-drain-{os.getpid()}",
-    )
-    started = time.perf_counter()
-    worker.work(burst=True, logging_level="WARNING")
-    inferq_s = time.perf_counter() - started
-
-    connection.flushall()
-    rq_per_s = plain_rq.drain_rate(connection, model_dir, [payloads[i % 8] for i in range(rq_jobs)], content_type)
+        connection.flushall()
+        jobs = [payloads[i % 8] for i in range(rq_jobs)]
+        rq_rates.append(plain_rq.drain_rate(connection, model_dir, jobs, content_type))
+        log.info("drain round %d: inferq %.0f, RQ SimpleWorker %.0f jobs/s", round_, inferq_rates[-1], rq_rates[-1])
     connection.flushall()
     connection.close()
-    inferq_per_s = inferq_jobs / inferq_s
     return {
-        "inferq_jobs_per_s": inferq_per_s,
-        "rq_jobs_per_s": rq_per_s,
-        "ratio": inferq_per_s / rq_per_s,
+        "inferq_jobs_per_s": max(inferq_rates),
+        "rq_jobs_per_s": max(rq_rates),
+        "ratio": max(inferq_rates) / max(rq_rates),
         "inferq_jobs": inferq_jobs,
         "rq_jobs": rq_jobs,
+        "rounds": {"inferq": inferq_rates, "rq": rq_rates},
     }
+
+
+class Saturation:
+    """One worker, its model loaded and warm, draining queues of ResNet jobs filled beforehand.
+
+    ``rate()`` can be called again and again: rounds of two such workers alternate cheaply, so a
+    burst of someone else's work on a shared machine lands on one round, not on one side.
+    """
+
+    def __init__(self, redis_url: str, model_dir: Path, device: str, overlap: str) -> None:
+        self.connection = Redis.from_url(redis_url)
+        self.settings = Settings(redis_url=redis_url, overlap=overlap)  # type: ignore[arg-type]
+        self.model = model_dir.name
+        self.label = f"{device}, overlap {overlap}"
+        self.payloads, self.content_type = payloads_for(self.model, 8)
+        name = f"bench-saturation-{device}-{overlap}-{os.getpid()}"
+        self.worker = _worker(self.connection, self.settings, model_dir, device, name)
+        warm = [(self.payloads[0], self.content_type)] * RESNET_MAX_BATCH
+        self.worker.runners[self.model].handler.run(warm)
+
+    def rate(self, jobs: int) -> float:
+        """Items per second drained from a queue of ``jobs``."""
+        self.connection.flushall()
+        queues = QueueCache(self.connection)
+        for i in range(jobs):
+            enqueue_job(queues, self.settings, Submission(self.model, self.payloads[i % 8], self.content_type))
+        started = time.perf_counter()
+        self.worker.work(burst=True, logging_level="WARNING")
+        per_s = jobs / (time.perf_counter() - started)
+        self.connection.flushall()
+        log.info("saturation %s on %s: %.1f items/s", self.model, self.label, per_s)
+        return per_s
+
+
+def saturation(redis_url: str, model_dir: Path, jobs: int, device: str, overlap: str) -> float:
+    """Images per second one worker drains from a full queue of ResNet jobs: the saturation figure."""
+    return Saturation(redis_url, model_dir, device, overlap).rate(jobs)
+
+
+def overlap_cost(redis_url: str, model_dir: Path, jobs: int, rounds: int) -> dict[str, Any]:
+    """ResNet saturation on the CPU with the overlap off and forced on, alternated; the best of each."""
+    workers = {mode: Saturation(redis_url, model_dir, "cpu", mode) for mode in ("off", "on")}
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode, worker in workers.items():
+            rates[mode].append(worker.rate(jobs))
+    return {"jobs": jobs, "rounds": rounds, **rates, "ratio": max(rates["on"]) / max(rates["off"])}
+
+
+def gpu_rows(redis_url: str, model_dir: Path, quick: bool) -> dict[str, Any]:
+    """On a CUDA device: bare ResNet against a worker's saturation there, overlap on (its default)."""
+    if not torch.cuda.is_available():
+        return {"owed": "no GPU: torch.cuda.is_available() is false on this machine"}
+    bare = bare_model(model_dir, [1, RESNET_MAX_BATCH], 0.3 if quick else 1.5, "cuda")
+    jobs = 400 if quick else 2000
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "bare": bare,
+        "saturation_overlap_on": saturation(redis_url, model_dir, jobs, "cuda", "auto"),
+        "saturation_overlap_off": saturation(redis_url, model_dir, jobs, "cuda", "off"),
+    }
+
+
+def api_has_workers_flag() -> bool:
+    """Whether this checkout's ``inferq api`` takes ``--workers`` (issue 11's multi-process API)."""
+    from inferq.cli import build_parser
+
+    _, unknown = build_parser().parse_known_args(["api", "--workers", "2"])
+    return not unknown
 
 
 class Bench:
@@ -137,60 +222,53 @@ class Bench:
         self.models = build_models(self.tmp / "models", resnet_max_batch=RESNET_MAX_BATCH)
         self.redis = RedisServer(self.tmp / "redis", appendonly=False)
         self.point_s = 2.0 if args.quick else args.point_seconds
+        self.tool = pick_tool(args.loadgen)
         self.results: dict[str, Any] = {
             "machine": {
                 "platform": platform.platform(),
                 "cpus": os.cpu_count(),
                 "torch": torch.__version__,
                 "device": "cpu",
+                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                 "torch_threads": torch.get_num_threads(),
             },
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "point_seconds": self.point_s,
+            "loadgen": self.tool,
         }
+        # The generator's ceiling on /healthz, by (label, clients): measured next to every figure.
+        self.ceilings: dict[str, dict[str, Any]] = {}
 
     def run(self) -> dict[str, Any]:
         self.redis.start()
         try:
-            bare_time = 0.3 if self.args.quick else 1.5
+            quick = self.args.quick
+            bare_time = 0.3 if quick else 1.5
             self.results["bare"] = {
                 "resnet": bare_model(self.models["resnet"], [1, 2, 4, RESNET_MAX_BATCH], bare_time),
                 "digits": bare_model(self.models["digits"], [1, 8, 64], bare_time),
                 "noop": bare_model(self.models["noop"], [1, 256], bare_time),
             }
-            jobs = (300, 100) if self.args.quick else (5000, 500)
+            jobs = (2000, 150) if quick else (10000, 500)
             self.results["drain"] = drain(self.redis.url, self.models["noop"], *jobs)
-            bulk_items = 2000 if self.args.quick else 20000
+            overlap_jobs, overlap_rounds = (32, 1) if quick else (48, 6)
+            self.results["overlap"] = overlap_cost(self.redis.url, self.models["resnet"], overlap_jobs, overlap_rounds)
+            self.results["gpu"] = gpu_rows(self.redis.url, self.models["resnet"], quick)
+            bulk_items = 2000 if quick else 20000
             self.results["bulk_drain"] = bulk_vs_singles(self.redis.url, self.models["noop"], bulk_items)
             self.results["systems"] = {}
+            self._api_alone()
             self._inferq()
             if not self.args.skip_peers:
                 for peer in self.args.peers.split(","):
                     self._peer(peer)
+            self.results["ceilings"] = self.ceilings
         finally:
             self.redis.stop()
         return self.results
 
-    def _sweep(self, name: str, model: str, call: Any, concurrency: tuple[int, ...]) -> list[dict[str, Any]]:
-        payloads, _ = payloads_for(model)
-        out = []
-        for clients in concurrency:
-            stats: Stats = asyncio.run(closed_loop(call, payloads, clients, self.point_s, f"{name} c={clients}"))
-            out.append(stats.summary())
-            log.info(
-                "%s %s c=%d: %.1f/s p50 %.1f ms",
-                name,
-                model,
-                clients,
-                out[-1]["throughput_per_s"],
-                out[-1]["p50_ms"] or -1,
-            )
-        return out
-
-    def _inferq(self) -> None:
-        Redis.from_url(self.redis.url).flushall()
-        port = free_port()
-        env = {
+    def _env(self) -> dict[str, str]:
+        return {
             "INFERQ_REDIS_URL": self.redis.url,
             "INFERQ_MODELS_DIR": str(self.tmp / "models"),
             # Short TTLs so the run can check that Redis shrinks back once results expire.
@@ -199,7 +277,104 @@ class Bench:
             # A failure must outlive a job's timeout (settings refuse less): the bench's jobs take milliseconds.
             "INFERQ_JOB_TIMEOUT_S": str(KEY_TTL_S),
         }
-        procs = Processes(self.tmp, env)
+
+    # -- the load generator and its ceiling ------------------------------------------------------
+    def _hammer(self, url: str, clients: int, **request: Any) -> dict[str, Any]:
+        result: LoadResult = hammer(url, clients, self.point_s, tool=self.tool, **request)
+        out = result.summary()
+        log.info(
+            "%s %s c=%d: %.0f/s ok, %d failed, p50 %s ms, p99 %s ms",
+            self.tool,
+            url,
+            clients,
+            result.per_s,
+            result.failed,
+            _ms(result.p50_ms),
+            _ms(result.p99_ms),
+        )
+        return out
+
+    def _ceiling(self, base: str, clients: int, label: str) -> dict[str, Any]:
+        """The generator's own rate on the bare route of the server it measures, at this concurrency."""
+        ceiling = self._hammer(f"{base}/healthz", clients)
+        self.ceilings[f"{label} c={clients}"] = ceiling
+        return ceiling
+
+    def _sweep(
+        self, name: str, model: str, call: str, args: list[str], concurrency: tuple[int, ...], base: str
+    ) -> list[dict[str, Any]]:
+        """Closed loops by the asyncio generator in its own process; each point against its ceiling there."""
+        payloads, _ = payloads_for(model)
+        out = []
+        for clients in concurrency:
+            key = f"python c={clients}"
+            if key not in self.ceilings:
+                self.ceilings[key] = python_loop(
+                    "closed", "bare_get", [base, "/healthz"], [b""], self.point_s, key, clients=clients
+                )
+            point = python_loop("closed", call, args, payloads, self.point_s, f"{name} c={clients}", clients=clients)
+            ceiling = self.ceilings[key]["throughput_per_s"]
+            point["generator_ceiling_per_s"] = ceiling
+            point["limited_by_generator"] = limited(point["throughput_per_s"], ceiling, point["calls_per_item"])
+            out.append(point)
+            log.info(
+                "%s %s c=%d: %.1f/s p50 %s ms (generator ceiling %.0f calls/s)",
+                name,
+                model,
+                clients,
+                point["throughput_per_s"],
+                _ms(point["p50_ms"]),
+                ceiling,
+            )
+        return out
+
+    # -- the API alone (worker paused): the submit path ------------------------------------------
+    def _submit_rates(self, base: str, label: str) -> dict[str, Any]:
+        png = payloads_for("digits", 1)[0][0]
+        ceiling = self._ceiling(base, SUBMIT_CLIENTS, label)
+        submits = self._hammer(
+            f"{base}/v1/models/digits/jobs",
+            SUBMIT_CLIENTS,
+            method="POST",
+            body=png,
+            headers={"content-type": "image/png"},
+        )
+        return {
+            "healthz": ceiling,
+            "submits": submits,
+            "ratio": submits["per_s"] / max(ceiling["per_s"], 1e-9),
+            "limited_by_generator": limited(submits["per_s"], ceiling["per_s"]),
+        }
+
+    def _api_alone(self) -> None:
+        """Digit submits against /healthz with no worker running, one API process, then `--workers 2`."""
+        result: dict[str, Any] = {"clients": SUBMIT_CLIENTS, "tool": self.tool}
+        # Room for every submit of a load point: no 429 for a full queue while no worker drains it.
+        env = {**self._env(), "INFERQ_MAX_QUEUE_LENGTH": "100000000", "INFERQ_QUEUE_TTL_S": "600"}
+        for processes in (1, 2):
+            Redis.from_url(self.redis.url).flushall()
+            if processes == 2 and not api_has_workers_flag():
+                result["two"] = {"not_measured": "`inferq api --workers` does not exist in this checkout"}
+                continue
+            port = free_port()
+            procs = Processes(self.tmp, env)
+            extra = ["--workers", str(processes)] if processes > 1 else []
+            try:
+                api = ["inferq", "--log-level", "WARNING", "api", "--port", str(port), *extra]
+                procs.start(f"inferq-api-{processes}", *api)
+                base = f"http://127.0.0.1:{port}"
+                wait_http(f"{base}/readyz")
+                result["one" if processes == 1 else "two"] = self._submit_rates(base, f"api x{processes}")
+            finally:
+                procs.stop()
+        Redis.from_url(self.redis.url).flushall()
+        self.results["api"] = result
+
+    # -- inferq with its workers -----------------------------------------------------------------
+    def _inferq(self) -> None:
+        Redis.from_url(self.redis.url).flushall()
+        port = free_port()
+        procs = Processes(self.tmp, self._env())
         try:
             procs.start("inferq-api", "inferq", "--log-level", "WARNING", "api", "--port", str(port))
             for model in self.models:
@@ -220,23 +395,21 @@ class Bench:
             result: dict[str, Any] = {}
             for model in ("resnet", "digits", "noop"):
                 _, content_type = payloads_for(model, 1)
-                call = submit_then_wait(base, f"/v1/models/{model}/jobs", content_type, "/v1/jobs/{id}")
+                args = [base, f"/v1/models/{model}/jobs", content_type, "/v1/jobs/{id}"]
                 concurrency = CONCURRENCY if model == "resnet" else (1, 16, 64)
-                result[model] = {"closed": self._sweep("inferq", model, call, concurrency)}
-            one_call = submit_prefer_wait(base, "/v1/models/noop/jobs", "application/json")
-            self.results["systems"]["inferq (Prefer: wait)"] = {
-                "noop": {"closed": self._sweep("inferq (Prefer: wait)", "noop", one_call, (1, 16, 64))}
-            }
+                result[model] = {"closed": self._sweep("inferq", model, "submit_then_wait", args, concurrency, base)}
+            self._waiting_clients(base)
             best = self.results["bare"]["resnet"]["best_items_per_s"]
-            call = submit_then_wait(base, "/v1/models/resnet/jobs", "image/jpeg", "/v1/jobs/{id}")
             payloads, _ = payloads_for("resnet")
+            args = [base, "/v1/models/resnet/jobs", "image/jpeg", "/v1/jobs/{id}"]
             result["resnet"]["open"] = []
             for fraction in (0.25, 0.5, 0.75, 0.95):
-                stats = asyncio.run(open_loop(call, payloads, best * fraction, self.point_s, f"rate {fraction:.2f}"))
-                result["resnet"]["open"].append({**stats.summary(), "fraction_of_bare": fraction})
+                label, rate = f"rate {fraction:.2f}", best * fraction
+                point = python_loop("open", "submit_then_wait", args, payloads, self.point_s, label, rate=rate)
+                result["resnet"]["open"].append({**point, "fraction_of_bare": fraction})
             self.results["systems"]["inferq"] = result
             images, _ = payloads_for("resnet")
-            lanes = lanes_latency(base, "resnet", images, "image/jpeg", 80 if self.args.quick else 400)
+            lanes = lanes_latency(base, "resnet", images, "image/jpeg", 40 if self.args.quick else 400)
             lanes["batch_ms"] = self.results["bare"]["resnet"]["points"][-1]["batch_ms"]
             self.results["lanes"] = lanes
             time.sleep(KEY_TTL_S + 2)
@@ -253,6 +426,24 @@ class Bench:
             connection.close()
         finally:
             procs.stop()
+
+    def _waiting_clients(self, base: str) -> None:
+        """Many clients each holding a `Prefer: wait` submit of the no-op model open: 16 to 1,024."""
+        body = payloads_for("noop", 1)[0][0]
+        points = []
+        for clients in WAITING_CLIENTS:
+            ceiling = self._ceiling(base, clients, "waiting")
+            point = self._hammer(
+                f"{base}/v1/models/noop/jobs",
+                clients,
+                method="POST",
+                body=body,
+                headers={"content-type": "application/json", "prefer": "wait=60"},
+            )
+            point["generator_ceiling_per_s"] = ceiling["per_s"]
+            point["limited_by_generator"] = limited(point["per_s"], ceiling["per_s"])
+            points.append(point)
+        self.results["waiting"] = {"tool": self.tool, "points": points}
 
     def _peer(self, peer: str) -> None:
         Redis.from_url(self.redis.url).flushall()
@@ -285,9 +476,9 @@ class Bench:
                 wait_http(f"{base}/healthz")
                 time.sleep(3)
                 _, content_type = payloads_for(model, 1)
-                call = submit_then_wait(base, "/jobs", content_type, "/jobs/{id}")
+                args = [base, "/jobs", content_type, "/jobs/{id}"]
                 concurrency = CONCURRENCY if model == "resnet" else (1, 16)
-                result[model] = {"closed": self._sweep(peer, model, call, concurrency)}
+                result[model] = {"closed": self._sweep(peer, model, "submit_then_wait", args, concurrency, base)}
                 procs.stop()
                 Redis.from_url(self.redis.url).flushall()
             self.results["systems"][peer] = result
@@ -298,6 +489,10 @@ class Bench:
             procs.stop()
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -305,6 +500,12 @@ def main() -> None:
     parser.add_argument("--point-seconds", type=float, default=6.0)
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--loadgen",
+        choices=("hey", "wrk", "python"),
+        help="the load generator (default: hey, else wrk, else the asyncio one in its own process;"
+        " INFERQ_BENCH_LOADGEN also names one)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
     bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
+    # Prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs the
+    # current one: "auto" on a CUDA device only, "on" everywhere (tests force it on the CPU), "off" never.
+    overlap: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("api_keys", "cors_origins", "webhook_allow", mode="before")
     @classmethod

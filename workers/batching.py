@@ -9,7 +9,8 @@ about 18 round trips per job.
 
 Every write that moves a job is a script of ``shared.lifecycle``. Round trips per batch, in the
 steady state: the blocking BLMOVE, one script that pops the rest, one MULTI that starts and loads
-the batch, one MULTI that finishes it.
+the batch, one MULTI that finishes it. With the overlap on (``INFERQ_OVERLAP``), the next batch
+is prepared while the model runs: see ``workers.batch_parts``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis import Redis
@@ -37,7 +38,26 @@ from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed, Outcome
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.running import BatchReport, BatchTimeout, Item, ModelRunner, run_batch
+from workers.batch_parts import (
+    PREFETCH_HOLD_LIMIT_S,
+    KeepAlive,
+    Prefetched,
+    jobs_of,
+    observe,
+    prepare_aside,
+    same_jobs,
+    survive_outage,
+)
+from workers.running import (
+    BatchReport,
+    BatchTimeout,
+    Item,
+    ModelRunner,
+    Prepared,
+    prepare,
+    run_batch,
+    run_prepared,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +108,19 @@ class BatchWorker(SimpleWorker):
         self.push_exc_handler(self._note_abandoned)
 
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
+        self._beats = KeepAlive(self._keep_alive, settings.heartbeat_ttl_s / 3)
         self._suspension_checked_at = -math.inf
         self.batches_run = 0
+
+        # The overlap: the next batch is prepared while the model runs the current one (module docstring).
+        cuda = any(runner.device.type == "cuda" for runner in runners.values())
+        self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
+        self._prefetch_lock = threading.Lock()
+        self._prefetch_thread: threading.Thread | None = None
+        self._prefetched: Prefetched | None = None  # being popped or prepared by the prefetch thread
+        self._ready: Prefetched | None = None  # handed from the dequeue to execute_job
+        self._prefetch_closed = False
+        self.batches_prefetched = 0
 
     # -- RQ loop, with fewer round trips ---------------------------------------------------
     def register_birth(self) -> None:
@@ -105,16 +136,16 @@ class BatchWorker(SimpleWorker):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
-            _survive_outage(pipe.execute)
+            survive_outage(pipe.execute)
 
     def check_for_suspension(self, burst: bool) -> None:
         if time.monotonic() - self._suspension_checked_at < self.suspension_check_interval_s:
             return
         self._suspension_checked_at = time.monotonic()
-        _survive_outage(lambda: super(BatchWorker, self).check_for_suspension(burst))
+        survive_outage(lambda: super(BatchWorker, self).check_for_suspension(burst))
 
     def run_maintenance_tasks(self) -> None:
-        _survive_outage(super().run_maintenance_tasks)
+        survive_outage(super().run_maintenance_tasks)
 
     def _note_abandoned(self, job: Any, exc_type: type, exc_value: BaseException, tb: Any) -> bool:
         """RQ's cleanup calls this before it retries or fails a dead worker's job; note the ones it will fail."""
@@ -145,11 +176,25 @@ class BatchWorker(SimpleWorker):
             return  # the finish transaction already wrote it
         super().set_state(state, pipeline=pipeline)
 
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
+        self._prefetch_closed = False  # a worker may work() again after a burst
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            self._close_prefetch()
+
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
         """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
-        _survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
+        survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
+        ready = self._take_prefetched()
+        if ready is not None:
+            self._held = (ready.queue, ready.job_ids)
+            self._ready = ready
+            survive_outage(self.heartbeat)
+            return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
         wait_s = 1.0
         idle_since = now()
@@ -210,7 +255,7 @@ class BatchWorker(SimpleWorker):
         RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
         stopping while collecting would strand the popped jobs in the intermediate list.
         """
-        if self._held is not None:
+        if self._held is not None or self._prefetched is not None:
             self._stop_requested = True
             self.set_shutdown_requested_date()
             log.info("worker %s: stopping after the batch being collected", self.name)
@@ -223,6 +268,8 @@ class BatchWorker(SimpleWorker):
         if not duplicate:
             running, self._running = self._running, None
             held, self._held = self._held, None
+            # The next batch first: the running one is then put back in front of it, in order.
+            self._give_back_prefetched(wait_s=2.0)
             if running is not None:
                 self._give_back(*running)
             elif held is not None:
@@ -232,9 +279,12 @@ class BatchWorker(SimpleWorker):
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
         runner = self.runners[keys.model_from_queue(queue.name)]
-        self._held = (queue, [job.id])
+        ready, self._ready = self._ready, None
+        if ready is not None and (ready.job_ids[0] != job.id or ready.queue.name != queue.name):
+            ready = None  # never: the dequeue hands over what it took
+        self._held = (queue, ready.job_ids if ready else [job.id])
         try:
-            job_ids = self._collect(queue, job.id, runner.max_batch)
+            job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # Popped jobs wait in RQ's intermediate list; its cleanup requeues them.
@@ -243,20 +293,30 @@ class BatchWorker(SimpleWorker):
             return
         finally:
             self._held = None
+        prepared = None
+        # A batch prepared ahead runs as prepared unless the start dropped some of it (canceled, expired):
+        # then what did start is prepared again, as usual.
+        if ready is not None and ready.prepared and ready.items is not None and same_jobs(items, ready.job_ids):
+            for mine, started in zip(ready.items, items, strict=True):
+                mine.job, mine.info = started.job, started.info
+            items, prepared = ready.items, ready.prepared
         if items:
-            self._run(runner, items, queue)
+            self._run(runner, items, queue, prepared)
         self.batches_run += 1
 
-    def _run(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
+    def _run(self, runner: ModelRunner, items: list[Item], queue: Queue, prepared: Prepared | None = None) -> None:
         self._running = (items, queue)
-        stop = threading.Event()
-        beat = threading.Thread(target=self._keep_alive, args=(items, queue, stop), daemon=True)
-        beat.start()
+        self._beats.begin((layout.queue_keys(queue.name), jobs_of(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
         try:
             # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
             with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
-                report = run_batch(runner, items)
+                if self.overlap or prepared is not None:
+                    prepared = prepared or prepare(runner, items)
+                    self._start_prefetch()  # the next batch is prepared while this one runs
+                    report = run_prepared(runner, prepared)
+                else:
+                    report = run_batch(runner, items)
         except BatchTimeout:
             log.error("worker %s: batch of %d ran past the %d s job timeout", self.name, len(items), timeout_s)
             report = BatchReport(inference_ms=timeout_s * 1000.0)
@@ -264,8 +324,7 @@ class BatchWorker(SimpleWorker):
                 if item.output is None and item.error is None:
                     item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
         finally:
-            stop.set()
-            beat.join()
+            self._beats.end()
         for item in items:
             item.info["inference_ms"] = f"{report.inference_ms:.3f}"
         if report.padded_tokens:
@@ -280,25 +339,105 @@ class BatchWorker(SimpleWorker):
         self._running = None  # from here on a forced stop must not requeue: results are being stored
         self._retrying(lambda: self._finish(runner, items, queue))
 
-    def _keep_alive(self, items: list[Item], queue: Queue, stop: threading.Event) -> None:
+    def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
+        self._expire_prefetched()
+        qk, jobs = batch
         ttl_s = self.settings.heartbeat_ttl_s
-        job_ttl_s = self._running_job_ttl_s()
-        qk = layout.queue_keys(queue.name)
-        jobs = _jobs(items)
-        while not stop.wait(ttl_s / 3):
-            try:
-                with self.connection.pipeline(transaction=False) as pipe:
-                    store.keep_alive(pipe, qk, jobs, ttl_s, job_ttl_s)
-                    pipe.hset(self.key, "last_heartbeat", utcformat(now()))
-                    pipe.expire(self.key, self.worker_ttl + 60)
-                    pipe.execute()
-            except redis.exceptions.RedisError as exc:
-                log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                store.keep_alive(pipe, qk, jobs, ttl_s, self._running_job_ttl_s())
+                pipe.hset(self.key, "last_heartbeat", utcformat(now()))
+                pipe.expire(self.key, self.worker_ttl + 60)
+                pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
+
+    # -- the overlap: the next batch, prepared while this one runs ----------------------------------
+    def _start_prefetch(self) -> None:
+        """Start the prefetch thread, unless one is still busy or a prefetched batch waits."""
+        if self._prefetch_closed or self._stop_requested or self._prefetched is not None:
+            return
+        if self._prefetch_thread is not None and self._prefetch_thread.is_alive():
+            return
+        self._prefetch_thread = threading.Thread(target=self._prefetch, name="inferq-prefetch", daemon=True)
+        self._prefetch_thread.start()
+
+    def _prefetch(self) -> None:
+        """Claim and pop the next batch (never blocking), read its inputs and prepare it."""
+        try:
+            with self._prefetch_lock:
+                if self._prefetch_closed or self._stop_requested:
+                    return
+                claimed = self._claim(None)
+                if claimed is None:
+                    return
+                job_id, queue = claimed
+                ahead = Prefetched(queue, [job_id], time.monotonic())
+                self._prefetched = ahead
+                if keys.is_chunk(job_id):
+                    return  # a bulk chunk: a batch of its own, prepared once started (its items are in it)
+                runner = self.runners[keys.model_from_queue(queue.name)]
+                ahead.job_ids += store.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
+            inputs = store.read_inputs(self.connection, ahead.job_ids)
+            # The jobs are not started yet: the start script gives each its job; until then, no job.
+            items = [Item(cast(Any, None), payload, content_type) for payload, content_type in inputs]
+            prepared = prepare_aside(runner, items)
+            with self._prefetch_lock:
+                if self._prefetched is ahead:
+                    ahead.items, ahead.prepared = items, prepared
+                    self.batches_prefetched += 1
+        except Exception:  # the jobs stay held; the main loop starts and prepares them as usual
+            log.exception("worker %s: preparing the next batch failed", self.name)
+
+    def _take_prefetched(self) -> Prefetched | None:
+        """The prefetched batch, once the prefetch thread is done with it; None when there is none."""
+        thread = self._prefetch_thread
+        if thread is not None:
+            thread.join()
+            self._prefetch_thread = None
+        with self._prefetch_lock:
+            ahead, self._prefetched = self._prefetched, None
+        return ahead
+
+    def _give_back_prefetched(self, wait_s: float | None = None) -> None:
+        """Put a prefetched batch back at the front of its queue, and prefetch no more."""
+        if not self._prefetch_lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            log.warning("worker %s: the prefetch thread holds its lock; RQ's cleanup will requeue", self.name)
+            return
+        try:
+            self._prefetch_closed = True
+            ahead, self._prefetched = self._prefetched, None
+            ready, self._ready = self._ready, None
+        finally:
+            self._prefetch_lock.release()
+        for batch in (ahead, ready):
+            if batch is not None:
+                self._give_back_held(batch.queue, batch.job_ids)
+
+    def _close_prefetch(self) -> None:
+        """The loop ended: wait for the prefetch thread, then give back what it took."""
+        self._prefetch_closed = True
+        thread = self._prefetch_thread
+        if thread is not None:
+            thread.join(timeout=30)
+        survive_outage(self._give_back_prefetched)
+
+    def _expire_prefetched(self) -> None:
+        """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue (RQ's cleanup would fail it)."""
+        with self._prefetch_lock:
+            ahead = self._prefetched
+            if ahead is None or time.monotonic() - ahead.held_since < PREFETCH_HOLD_LIMIT_S:
+                return
+            self._prefetched = None
+        try:
+            self._give_back_held(ahead.queue, ahead.job_ids)
+        except redis.exceptions.RedisError as exc:
+            log.warning("worker %s: giving back a prefetched batch failed (%s)", self.name, exc)
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        back = store.give_back(self.connection, layout.queue_keys(queue.name), _jobs(items), self.name)
+        back = store.give_back(self.connection, layout.queue_keys(queue.name), jobs_of(items), self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
@@ -428,7 +567,7 @@ class BatchWorker(SimpleWorker):
         observed: metrics.Increments = {}
         notes: list[str] = []
         for item in items:
-            _observe(observed, item)
+            observe(observed, item)
             if item.error is not None and len(notes) < 3:
                 notes.append(metrics.failure_record(metrics.failure_class(item.error), item.error))
         return Outcome(job, True, summary, int(ttl), info, runner.config.name, lines, moved, observed, notes)
@@ -441,39 +580,21 @@ class BatchWorker(SimpleWorker):
         if job.enqueued_at:
             info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
         observed: metrics.Increments = {}
-        _observe(observed, item)
+        observe(observed, item)
         if item.error is None:
             ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
-            return Outcome(job, True, item.output, int(ttl), info, runner.config.name, metrics=observed)
+            return Outcome(
+                job,
+                True,
+                item.output,
+                int(ttl),
+                info,
+                runner.config.name,
+                metrics=observed,
+                value_json=item.output_json,
+            )
         info["error"] = item.error
         ttl = job.failure_ttl or self.settings.failure_ttl_s
         note = metrics.failure_record(metrics.failure_class(item.error), item.error)
         value = item.traceback or item.error
         return Outcome(job, False, value, int(ttl), info, runner.config.name, metrics=observed, failures=[note])
-
-
-def _observe(acc: metrics.Increments, item: Item) -> None:
-    """What one item adds to its model's metrics when its job ends (counted only if it ends here)."""
-    job = item.job
-    ended_at = job.ended_at or now()
-    queued_s = (job.started_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
-    end_to_end_s = (ended_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
-    inference_s = float(item.info.get("inference_ms") or 0.0) / 1000.0
-    status, reason = "finished", None
-    if item.error is not None:
-        status, reason = "failed", metrics.failure_class(item.error)
-    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
-
-
-def _jobs(items: list[Item]) -> list[Claimed]:
-    """The batch's jobs, once each: the items of a bulk chunk share theirs."""
-    return list({id(item.job): item.job for item in items}.values())
-
-
-def _survive_outage(call: Any) -> None:
-    """Run a housekeeping call; while Redis is away, skip it rather than let RQ's loop quit."""
-    try:
-        call()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
-        time.sleep(0.5)

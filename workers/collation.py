@@ -68,6 +68,19 @@ def move_batch(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     return batch.pin_memory().to(device, non_blocking=True)
 
 
+def record_stream(batch: Any, stream: Any) -> None:
+    """Tell CUDA's allocator that ``stream`` uses the batch's device tensors (made on another stream)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.is_cuda:
+            batch.record_stream(stream)
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            record_stream(value, stream)
+    elif isinstance(batch, list | tuple):
+        for value in batch:
+            record_stream(value, stream)
+
+
 def split(outputs: Any, n: int) -> list[Any]:
     """One output per item: tensors and dicts of tensors split along the first axis, lists as they are.
 

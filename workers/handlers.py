@@ -6,6 +6,7 @@ import inspect
 import json
 import math
 import struct
+import sys
 import warnings
 from collections.abc import Mapping
 from io import BytesIO
@@ -257,6 +258,8 @@ class ImageEmbedding(ImageClassifier):
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 _INT64_RANGE = (-(2**63), 2**63 - 1)
+# The largest magnitude each dtype holds (int64: its range, a value past it takes the slow path's error).
+_LARGEST = {"float32": float(torch.finfo(torch.float32).max), "float64": sys.float_info.max, "int64": 2**63 - 1}
 
 
 class TensorHandler(Handler):
@@ -286,7 +289,11 @@ class TensorHandler(Handler):
         if not isinstance(body, dict) or "inputs" not in body:
             raise InvalidInput('expected a JSON object {"inputs": <array>}')
         integer = self.input.dtype == "int64"
-        _check_array(body["inputs"], tuple(self.input.shape), integer, "inputs")
+        shape = tuple(self.input.shape)
+        if _well_formed(body["inputs"], shape, integer, _LARGEST[self.input.dtype]):
+            # Every value fits the dtype: the tensor is finite, no check of it needed (the common case).
+            return torch.tensor(body["inputs"], dtype=_DTYPES[self.input.dtype])
+        _check_array(body["inputs"], shape, integer, "inputs")
         tensor = torch.tensor(body["inputs"], dtype=_DTYPES[self.input.dtype])
         # 1e39 is a finite JSON number but overflows float32.
         if not integer and not bool(torch.isfinite(tensor).all()):
@@ -296,6 +303,29 @@ class TensorHandler(Handler):
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
+
+
+def _well_formed(value: Any, shape: tuple[int, ...], integer: bool, largest: float) -> bool:
+    """A quick yes for a nested list of exactly ``shape`` whose numbers all fit the dtype; no: ask _check_array.
+
+    A no is not an error: _check_array and the tensor's own check then say what is wrong, if anything.
+    """
+    if not shape:
+        return False
+    rows = [value]
+    for size in shape[:-1]:
+        if any(type(row) is not list or len(row) != size for row in rows):
+            return False
+        rows = [item for row in rows for item in row]
+    last = shape[-1]
+    numbers = (int,) if integer else (int, float)  # type() is exact: bool, a subclass of int, is refused
+    for row in rows:
+        if type(row) is not list or len(row) != last or any(type(v) not in numbers for v in row):
+            return False
+        # An infinity (JSON's 1e999) is larger than any limit; NaN never gets here (JSON refuses it).
+        if row and (max(row) > largest or min(row) < -largest):
+            return False
+    return True
 
 
 def _check_array(value: Any, shape: tuple[int, ...], integer: bool, where: str) -> None:

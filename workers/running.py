@@ -18,7 +18,7 @@ import torch
 from shared.errors import AppError, ConfigError
 from shared.lifecycle.store import Claimed
 from shared.models import ModelConfig
-from workers.collation import CountMismatch, signature
+from workers.collation import CountMismatch, record_stream, signature
 from workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class Item:
     custom_id: str | None = None
     value: Any = None
     output: Any = None
+    output_json: str | None = None  # the output as JSON, checked encodable once and stored as it is
     error: str | None = None
     traceback: str | None = None
 
@@ -89,10 +90,25 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError) or "out of memory" in str(exc).lower()
 
 
-def run_batch(runner: ModelRunner, items: list[Item]) -> BatchReport:
-    """Fill each item's output or error."""
+@dataclass
+class Prepared:
+    """A batch ready for the model: items preprocessed, planned into groups, each group collated.
+
+    ``groups`` holds (items, collated batch, None) or (items, None, the collate error). Preparing is
+    what the worker overlaps with the previous batch's forward pass (``INFERQ_OVERLAP``); running a
+    Prepared gives exactly what ``run_batch`` gives.
+    """
+
+    items: list[Item]
+    groups: list[tuple[list[Item], Any, Exception | None]] = field(default_factory=list)
+    prepare_ms: float = 0.0
+    # The CUDA stream its copies to the device were queued on, when prepared off the main thread.
+    stream: Any = None
+
+
+def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
+    """Preprocess each item (a bad one fails alone), plan the groups and collate them (onto the device)."""
     started = time.perf_counter()
-    report = BatchReport()
     for item in items:
         if item.payload is None:
             item.fail("the job's input expired before it ran")
@@ -101,10 +117,41 @@ def run_batch(runner: ModelRunner, items: list[Item]) -> BatchReport:
             item.value = runner.handler.preprocess(item.payload, item.content_type)
         except Exception as exc:  # one bad item fails only its own job
             item.fail(readable(exc), exc)
+    prepared = Prepared(items)
     for group in plan(runner, [item for item in items if item.error is None]):
-        _run_group(runner, group, report)
-    report.inference_ms = (time.perf_counter() - started) * 1000.0
+        try:
+            prepared.groups.append((group, runner.handler.collate([item.value for item in group]), None))
+        except Exception as exc:
+            prepared.groups.append((group, None, exc))
+    prepared.prepare_ms = (time.perf_counter() - started) * 1000.0
+    return prepared
+
+
+def run_prepared(runner: ModelRunner, prepared: Prepared) -> BatchReport:
+    """Fill each item's output or error: the forward passes of a prepared batch."""
+    started = time.perf_counter()
+    report = BatchReport()
+    if prepared.stream is not None:
+        # The copies were queued on another stream: the model's stream waits for them, and their memory
+        # is not reused before the model's stream is done with it.
+        current = torch.cuda.current_stream(prepared.stream.device)
+        current.wait_stream(prepared.stream)
+        for _, batch, _ in prepared.groups:
+            record_stream(batch, current)
+    for group, batch, collate_error in prepared.groups:
+        report.collates += 1
+        if collate_error is not None:
+            _collate_apart(runner, group, collate_error, report)
+            continue
+        _count_tokens(runner, group, report)
+        _forward(runner, group, batch, report)
+    report.inference_ms = prepared.prepare_ms + (time.perf_counter() - started) * 1000.0
     return report
+
+
+def run_batch(runner: ModelRunner, items: list[Item]) -> BatchReport:
+    """Fill each item's output or error."""
+    return run_prepared(runner, prepare(runner, items))
 
 
 def plan(runner: ModelRunner, items: list[Item]) -> list[list[Item]]:
@@ -142,11 +189,15 @@ def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isol
             return
         _collate_apart(runner, items, exc, report)
         return
-    lengths = [handler.item_length(item.value) for item in items]
+    _count_tokens(runner, items, report)
+    _forward(runner, items, batch, report)
+
+
+def _count_tokens(runner: ModelRunner, items: list[Item], report: BatchReport) -> None:
+    lengths = [runner.handler.item_length(item.value) for item in items]
     if all(length is not None for length in lengths):
         report.tokens += sum(length or 0 for length in lengths)
         report.padded_tokens += len(items) * max(length or 0 for length in lengths)
-    _forward(runner, items, batch, report)
 
 
 def _collate_apart(runner: ModelRunner, items: list[Item], exc: Exception, report: BatchReport) -> None:
@@ -221,7 +272,7 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     for item, output in zip(items, per_item, strict=True):
         try:
             result = handler.postprocess(output)
-            json.dumps(result, allow_nan=False)  # the result must be storable as strict JSON
+            item.output_json = json.dumps(result, allow_nan=False)  # the result must be storable as strict JSON
             item.output = result
         except Exception as exc:
             item.fail(f"could not encode the output: {readable(exc)}", exc)

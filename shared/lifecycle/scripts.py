@@ -25,6 +25,17 @@ from shared.lifecycle.lua import ANNOUNCE as _ANNOUNCE
 Items = Sequence[Sequence[str]]
 
 
+_CALL_MANY = """
+-- One call for many arguments (a batch's registry entries, its deleted keys), in slices unpack takes.
+local function call_many(cmd, key, args)
+  for i = 1, #args, 1000 do
+    local last = math.min(i + 999, #args)
+    if key then redis.call(cmd, key, unpack(args, i, last)) else redis.call(cmd, unpack(args, i, last)) end
+  end
+end
+"""
+
+
 @dataclass(frozen=True)
 class Script:
     """A named Lua script and the keys it declares: fixed ones, then a group per item."""
@@ -153,14 +164,14 @@ START = Script(
         "batch_delivery",
     ),
     source=_ANNOUNCE
+    + _CALL_MANY
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local m, after_metrics = read_metrics(10)
 local tpl, at = read_template(after_metrics)
 local acc = {}
-local FIELDS = {'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl'}
-local out, started = {}, {}
+local out, started, registry = {}, {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
@@ -169,8 +180,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local id, exec_id = ARGV[at + 2 * n], ARGV[at + 2 * n + 1]
   n = n + 1
   redis.call('LREM', KEYS[1], 1, id)
-  local items = tonumber(redis.call('HGET', info, 'items') or '0')
-  if redis.call('HEXISTS', job, 'origin') == 0 then
+  -- One read of each hash: origin, status and the fields the worker needs; the info flags.
+  local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
+  local flags = redis.call('HMGET', info, 'items', 'canceled', 'deadline', 'batch_size')
+  local items = tonumber(flags[1] or '0')
+  if not j[1] then
     local state = 'vanished'
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
       local lines = chunk_lines(payload, 'expired', 'expired: still queued when the batch window ended')
@@ -180,9 +194,9 @@ for k = FIXED + 1, #KEYS, STRIDE do
       metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
       note_reason(KEYS[7], m, 'Expired', 'expired: still queued when the batch window ended')
     end
-    local deadline = tonumber(redis.call('HGET', info, 'deadline') or '')
-    if deadline and deadline <= now_s and redis.call('HEXISTS', info, 'batch_size') == 0
-        and redis.call('HEXISTS', info, 'canceled') == 0 then
+    -- Read before the chunk's lines were written: that wrote only `announced`.
+    local deadline = tonumber(flags[3] or '')
+    if deadline and deadline <= now_s and not flags[4] and not flags[2] then
       local d = {info = info, attempts = attempts, delivery = delivery,
                  job_id = id, model = model, status = 'expired', ttl = redis.call('TTL', info), stamp = stamp,
                  channel = channel, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
@@ -194,14 +208,15 @@ for k = FIXED + 1, #KEYS, STRIDE do
       end
     end
     out[n] = {id, state}
-  elseif redis.call('HGET', job, 'status') ~= 'queued' or redis.call('HEXISTS', info, 'canceled') == 1 then
+  elseif j[2] ~= 'queued' or flags[2] then
     out[n] = {id, 'dropped'}
   else
     redis.call('HSET', exec, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
     redis.call('EXPIRE', exec, ttl)
     redis.call('ZADD', execs, score + 60, exec_id)
     redis.call('EXPIRE', execs, ttl + 60)
-    redis.call('ZADD', KEYS[2], score, id .. ':' .. exec_id)
+    registry[#registry + 1] = score
+    registry[#registry + 1] = id .. ':' .. exec_id
     redis.call('HSET', job, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp, 'worker_name', worker)
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
@@ -211,11 +226,12 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('HINCRBY', record, 'running', items)
       redis.call('HSETNX', record, 'started_at', stamp)
     end
-    out[n] = {id, 'started', redis.call('HMGET', job, unpack(FIELDS)), redis.call('GET', payload) or false,
+    out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, redis.call('GET', payload) or false,
               redis.call('HGETALL', info)}
     started[#started + 1] = id
   end
 end
+call_many('ZADD', KEYS[2], registry)  -- RQ's started registry: one call for the batch
 for _, id in ipairs(started) do
   redis.call('PUBLISH', channel, cjson.encode({id = id, model = model, status = 'started', batch_size = #started}))
 end
@@ -249,6 +265,7 @@ FINISH = Script(
         "batch_delivery",
     ),
     source=_ANNOUNCE
+    + _CALL_MANY
     + """
 local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local m, after_metrics = read_metrics(5)
@@ -260,6 +277,7 @@ local function flat(t)
   return out
 end
 local vanished, superseded = {}, {}
+local done, failed, running, gone = {}, {}, {}, {}
 local counts = {finished = 0, failed = 0}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
@@ -268,11 +286,12 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local j = cjson.decode(ARGV[at + n])
   n = n + 1
   local keep_input = false
-  if redis.call('HEXISTS', job, 'origin') == 0 then
+  local h = redis.call('HMGET', job, 'origin', 'status', 'worker_name')
+  if not h[1] then
     vanished[#vanished + 1] = j.id
   else
-    local status = redis.call('HGET', job, 'status')
-    local mine = status == 'started' and redis.call('HGET', job, 'worker_name') == worker
+    local status = h[2]
+    local mine = status == 'started' and h[3] == worker
     if not mine or redis.call('HEXISTS', info, 'canceled') == 1 then
       superseded[#superseded + 1] = j.id
       keep_input = status == 'queued' or (status == 'started' and not mine)
@@ -281,7 +300,9 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('EXPIRE', job, j.ttl)
       redis.call('XADD', result, 'MAXLEN', 10, '*', unpack(flat(j.result)))
       redis.call('EXPIRE', result, j.ttl)
-      redis.call('ZADD', j.status == 'finished' and KEYS[2] or KEYS[3], now_s + j.ttl, j.id)
+      local ended = j.status == 'finished' and done or failed
+      ended[#ended + 1] = now_s + j.ttl
+      ended[#ended + 1] = j.id
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
@@ -298,11 +319,16 @@ for k = FIXED + 1, #KEYS, STRIDE do
                 channel = channel, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]})
     end
   end
-  redis.call('ZREM', KEYS[1], j.id .. ':' .. j.exec_id)
-  redis.call('DEL', exec)
+  running[#running + 1] = j.id .. ':' .. j.exec_id
+  gone[#gone + 1] = exec
   redis.call('ZREM', execs, j.exec_id)
-  if not keep_input then redis.call('DEL', payload) end
+  if not keep_input then gone[#gone + 1] = payload end
 end
+-- The batch's registry moves and deletions, one call each.
+call_many('ZADD', KEYS[2], done)
+call_many('ZADD', KEYS[3], failed)
+call_many('ZREM', KEYS[1], running)
+call_many('DEL', false, gone)
 if counts.finished > 0 then redis.call('HINCRBY', KEYS[6], 'successful_job_count', counts.finished) end
 if counts.failed > 0 then redis.call('HINCRBY', KEYS[6], 'failed_job_count', counts.failed) end
 redis.call('HINCRBYFLOAT', KEYS[6], 'total_working_time', working)

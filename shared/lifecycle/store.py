@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from base64 import b64encode
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -303,6 +304,22 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
 
 
+def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:
+    """Popped jobs' inputs and content types, read ahead of their start (the worker's overlap): one round trip.
+
+    Reading changes nothing; the start script still decides which of them run.
+    """
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.get(keys.payload_key(job_id))
+            pipe.hget(keys.info_key(job_id), "content_type")
+        replies = pipe.execute()
+    return [
+        (payload or None, _text(content_type) if content_type else "")
+        for payload, content_type in zip(replies[::2], replies[1::2], strict=True)
+    ]
+
+
 def _batch_keys(job_id: str) -> list[str]:
     """A chunk's batch record, result lines and webhook delivery; for a single job its info key, untouched."""
     if keys.is_chunk(job_id):
@@ -444,6 +461,8 @@ class Outcome:
     # What the job adds to the model's metrics if it ends here (shared.metrics), and its failure records.
     metrics: Increments | None = None
     failures: list[str] | None = None
+    # The output already encoded as JSON (the worker checks every output encodes): RQ's result is built from it.
+    value_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -464,6 +483,7 @@ def finish(
     """Queue the end of a batch into ``pipe``: results, registries, events and webhooks, atomically."""
     hk = layout.hooks()
     per_job, entries = [], []
+    stamps: dict[datetime, str] = {}  # a batch's jobs share their end: its RQ timestamp, formatted once
     for outcome in outcomes:
         job = outcome.job
         per_job.append(
@@ -479,7 +499,7 @@ def finish(
                 *_batch_keys(job.id),
             ]
         )
-        entries.append(_entry(outcome, worker_name, pipe))
+        entries.append(_entry(outcome, worker_name, pipe, stamps))
     position = len(pipe)
     fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
     fixed += metrics_keys(keys.model_from_queue(qk.name))
@@ -495,29 +515,43 @@ def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]
     return [_text(i) for i in vanished], [_text(i) for i in superseded]
 
 
-def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline) -> str:
+def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> str:
     job = outcome.job
     ended_at = job.ended_at or now()
-    result = Result(
-        job.id,
-        Result.Type.SUCCESSFUL if outcome.finished else Result.Type.FAILED,
-        pipe,
-        created_at=ended_at,
-        return_value=outcome.value if outcome.finished else None,
-        exc_string=None if outcome.finished else outcome.value,
-        worker_name=worker_name,
-        serializer=JSONSerializer,
-        execution_id=job.execution_id,
-        execution_started_at=job.started_at,
-        execution_ended_at=ended_at,
-    )
+    if outcome.finished and outcome.value_json is not None and outcome.value is not None:
+        # What RQ's Result.serialize() writes for a success, without encoding the output a second time.
+        serialized: dict[str, Any] = {
+            "type": Result.Type.SUCCESSFUL.value,
+            "worker_name": worker_name,
+            "return_value": b64encode(outcome.value_json.encode()).decode(),
+            "execution_id": job.execution_id,
+            "execution_started_at": job.started_at.timestamp(),
+            "execution_ended_at": ended_at.timestamp(),
+        }
+    else:
+        serialized = Result(
+            job.id,
+            Result.Type.SUCCESSFUL if outcome.finished else Result.Type.FAILED,
+            pipe,
+            created_at=ended_at,
+            return_value=outcome.value if outcome.finished else None,
+            exc_string=None if outcome.finished else outcome.value,
+            worker_name=worker_name,
+            serializer=JSONSerializer,
+            execution_id=job.execution_id,
+            execution_started_at=job.started_at,
+            execution_ended_at=ended_at,
+        ).serialize()
+    stamp = stamps.get(ended_at)
+    if stamp is None:
+        stamp = stamps[ended_at] = utcformat(ended_at)
     entry: dict[str, Any] = {
         "id": job.id,
         "exec_id": job.execution_id,
         "status": "finished" if outcome.finished else "failed",
         "ttl": int(outcome.ttl_s),
-        "ended_at": utcformat(ended_at),
-        "result": {k: str(v) for k, v in result.serialize().items()},
+        "ended_at": stamp,
+        "result": {k: str(v) for k, v in serialized.items()},
         "info": outcome.info,
         "model": outcome.model,
     }
