@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidInput, UnsupportedMedia
 from shared.inputs.base import InputKind, Payload
+from shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_size
 from shared.settings import Settings
 
 
@@ -31,14 +32,13 @@ class ImageInput(BaseModel):
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 # Real PNGs carry a handful of chunks before their pixels; Pillow walks every one of them to find the size.
 MAX_PNG_CHUNKS = 10_000
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def check_png_chunks(data: bytes) -> None:
     """Refuse a PNG padded with thousands of chunks before its image data, before Pillow parses them all."""
-    if not data.startswith(_PNG_SIGNATURE):
+    if not data.startswith(PNG_SIGNATURE):
         return
-    offset = len(_PNG_SIGNATURE)
+    offset = len(PNG_SIGNATURE)
     for _ in range(MAX_PNG_CHUNKS):
         if offset + 8 > len(data):
             return  # truncated: Pillow says what is wrong
@@ -49,10 +49,33 @@ def check_png_chunks(data: bytes) -> None:
     raise InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data")
 
 
+def header_size(data: bytes) -> tuple[str, tuple[int, int]] | None:
+    """The format and size of a plainly well-formed PNG, read without Pillow; ``None`` for anything else."""
+    try:
+        png = png_size(data, MAX_PNG_CHUNKS)
+    except TooManyChunks:
+        raise InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data") from None
+    return ("PNG", png) if png is not None else None
+
+
 def check_image(data: bytes, settings: Settings) -> str:
-    """Read only the image header: the format Pillow found, or a 415/422."""
+    """Read only the image header: its format, or a 415/422."""
     if not data:
         raise InvalidInput("the image is empty")
+    header = header_size(data)
+    if header is not None:
+        fmt, (width, height) = header
+    else:
+        fmt, (width, height) = _pillow_header(data, settings)
+    if width * height > settings.max_image_pixels:
+        raise InvalidInput(
+            f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"
+        )
+    return fmt
+
+
+def _pillow_header(data: bytes, settings: Settings) -> tuple[str, tuple[int, int]]:
+    """What Pillow's open finds: the reference for every format, and for any PNG the header reader doubts."""
     check_png_chunks(data)
     try:
         with warnings.catch_warnings():
@@ -64,11 +87,7 @@ def check_image(data: bytes, settings: Settings) -> str:
         raise InvalidInput(f"the image has too many pixels (limit {settings.max_image_pixels})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise UnsupportedMedia("the upload is not a decodable image (PNG, JPEG, WebP, GIF or BMP)") from None
-    if width * height > settings.max_image_pixels:
-        raise InvalidInput(
-            f"the image is {width}x{height} = {width * height} pixels; the limit is {settings.max_image_pixels}"
-        )
-    return fmt
+    return fmt, (width, height)
 
 
 def from_bytes(spec: ImageInput, data: bytes, content_type: str, model: str, settings: Settings) -> Payload:
