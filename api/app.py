@@ -23,6 +23,7 @@ from api.routers import batches, deployment, health, jobs, models, status
 from api.routers import metrics as metrics_router
 from api.routers.v2 import router as v2_router
 from shared.errors import ConfigError
+from shared.gc_tuning import tune_for_serving
 from shared.jobs import QueueCache
 from shared.metrics import RequestCounts
 from shared.models import load_model_configs
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
         flusher = metrics_router.Flusher(connection, request_counts)
         flusher.start()
+        tune_for_serving()
         try:
             yield
         finally:

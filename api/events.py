@@ -12,6 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared import keys
+from shared.jobs import TERMINAL
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,8 @@ class EventHub:
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
-        self._waiters: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
+        # job id -> each waiting queue, and whether it wants only the end (not "started" and the like).
+        self._waiters: dict[str, dict[asyncio.Queue[dict[str, Any]], bool]] = {}
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
 
@@ -35,16 +37,17 @@ class EventHub:
                 await self._task
 
     @contextlib.contextmanager
-    def subscribe(self, job_id: str) -> Iterator[asyncio.Queue[dict[str, Any]]]:
-        """A queue that receives every event of ``job_id`` while the block runs."""
+    def subscribe(self, job_id: str, *, ends_only: bool = False) -> Iterator[asyncio.Queue[dict[str, Any]]]:
+        """A queue that receives the events of ``job_id`` while the block runs: every one, or with
+        ``ends_only`` just the terminal ones (a request waiting for the result is not woken by "started")."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._waiters.setdefault(job_id, set()).add(queue)
+        self._waiters.setdefault(job_id, {})[queue] = ends_only
         try:
             yield queue
         finally:
             waiters = self._waiters.get(job_id)
             if waiters is not None:
-                waiters.discard(queue)
+                waiters.pop(queue, None)
                 if not waiters:
                     del self._waiters[job_id]
 
@@ -78,9 +81,13 @@ class EventHub:
     def _dispatch(self, data: bytes | str) -> None:
         try:
             event = json.loads(data)
-            waiters = self._waiters.get(event["id"], ())
+            waiters = self._waiters.get(event["id"])
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event %r", data[:200])
             return
-        for queue in list(waiters):
-            queue.put_nowait(event)
+        if not waiters:
+            return
+        ended = event.get("status") in TERMINAL
+        for queue, ends_only in list(waiters.items()):
+            if ended or not ends_only:
+                queue.put_nowait(event)

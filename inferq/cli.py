@@ -222,6 +222,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_wait_ms=max_wait_ms,
         name=args.name or _unique_name("+".join(names)),
     )
+    from shared.gc_tuning import tune_for_serving
+
+    tune_for_serving()  # the models are loaded: nothing they hold is walked by a collection again
     worker.work(burst=args.burst, logging_level=args.log_level)
     return 0
 

@@ -52,7 +52,7 @@ async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, An
 async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
     """The job's view once it is terminal, or as it is when ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
-    with state.events.subscribe(job_id) as events:
+    with state.events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
         view = await _view(state, job_id, owner)
         return await _until_end(state, job_id, owner, events, deadline, view) or view
@@ -91,7 +91,7 @@ async def _enqueue_and_wait(
     """Enqueue, then wait up to ``wait_s`` for the end: the job, and its view if it was read."""
     deadline = time.monotonic() + wait_s
     job_id = new_job_id()
-    with state.events.subscribe(job_id) as events:
+    with state.events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before the job exists, so no end can come unseen: no read of a job known to be queued.
         job = await enqueue_job_async(state.aredis, state.settings, submission, job_id)
         if job.id == job_id:
