@@ -15,7 +15,6 @@ is prepared while the model runs: see ``workers.batch_parts``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -35,7 +34,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from shared import keys, metrics
 from shared.lifecycle import bulk, layout, store
 from shared.lifecycle.queues import register_queues
-from shared.lifecycle.store import Claimed, Outcome
+from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.batch_parts import (
@@ -43,11 +42,11 @@ from workers.batch_parts import (
     KeepAlive,
     Prefetched,
     jobs_of,
-    observe,
     prepare_aside,
     same_jobs,
     survive_outage,
 )
+from workers.outcomes import chunk_outcome, outcome_of
 from workers.running import (
     BatchReport,
     BatchTimeout,
@@ -525,10 +524,12 @@ class BatchWorker(SimpleWorker):
         for item in items:
             item.job.ended_at = ended_at
             if item.custom_id is None:
-                outcomes.append(self._outcome(item, len(items), runner))
+                outcomes.append(outcome_of(item, len(items), runner.config.name, self.name, self.settings))
             else:
                 chunks.setdefault(item.job.id, []).append(item)
-        outcomes += [self._chunk_outcome(chunk, len(items), runner) for chunk in chunks.values()]
+        outcomes += [
+            chunk_outcome(chunk, len(items), runner.config.name, self.name, self.settings) for chunk in chunks.values()
+        ]
         working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:
             qk = layout.queue_keys(queue.name)
@@ -547,54 +548,3 @@ class BatchWorker(SimpleWorker):
                 len(superseded),
                 superseded,
             )
-
-    def _chunk_outcome(self, items: list[Item], batch_size: int, runner: ModelRunner) -> Outcome:
-        """A bulk chunk ends finished, with one result line per item, ended or failed alone."""
-        job = items[0].job
-        lines = []
-        for item in items:
-            line: dict[str, Any] = {"custom_id": item.custom_id}
-            if item.error is None:
-                line |= {"status": "finished", "result": item.output}
-            else:
-                line |= {"status": "failed", "error": item.error}
-            lines.append(json.dumps(line, separators=(",", ":")))
-        failed = sum(item.error is not None for item in items)
-        moved = {"running": -len(items), "finished": len(items) - failed, "failed": failed}
-        info = {"batch_size": str(batch_size), "worker": self.name, "inference_ms": items[0].info["inference_ms"]}
-        ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
-        summary = {"finished": len(items) - failed, "failed": failed}
-        observed: metrics.Increments = {}
-        notes: list[str] = []
-        for item in items:
-            observe(observed, item)
-            if item.error is not None and len(notes) < 3:
-                notes.append(metrics.failure_record(metrics.failure_class(item.error), item.error))
-        return Outcome(job, True, summary, int(ttl), info, runner.config.name, lines, moved, observed, notes)
-
-    def _outcome(self, item: Item, batch_size: int, runner: ModelRunner) -> Outcome:
-        """How the job ended, for the finish script."""
-        job = item.job
-        info = {**item.info, "batch_size": str(batch_size), "worker": self.name}
-        info.pop("content_type", None)
-        if job.enqueued_at:
-            info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
-        observed: metrics.Increments = {}
-        observe(observed, item)
-        if item.error is None:
-            ttl = job.result_ttl if job.result_ttl is not None else self.settings.result_ttl_s
-            return Outcome(
-                job,
-                True,
-                item.output,
-                int(ttl),
-                info,
-                runner.config.name,
-                metrics=observed,
-                value_json=item.output_json,
-            )
-        info["error"] = item.error
-        ttl = job.failure_ttl or self.settings.failure_ttl_s
-        note = metrics.failure_record(metrics.failure_class(item.error), item.error)
-        value = item.traceback or item.error
-        return Outcome(job, False, value, int(ttl), info, runner.config.name, metrics=observed, failures=[note])
