@@ -94,6 +94,7 @@ def test_results_stream_while_the_batch_runs(redis: redis_py.Redis, settings: Se
     assert len(items) == 4 and bulk.read_batch(redis, batch_id)["counts"]["running"] == 4
     assert bulk.read_batch(redis, batch_id)["status"] == "running"
     worker._run(worker.runners["echo"], items, queue)
+    worker._finisher.wait()  # the results are stored on the finisher's thread
     assert [line["custom_id"] for line in _lines(redis, batch_id)] == [f"item-{i}" for i in range(4)]
     assert bulk.read_batch(redis, batch_id)["counts"]["finished"] == 4
 
@@ -106,6 +107,7 @@ def test_cancel_keeps_finished_lines_and_cancels_what_has_not_run(redis: redis_p
     items = worker._start(queue, worker._collect(queue, keys.chunk_id(batch_id, 0), 4))
     assert bulk.cancel_batch(redis, settings, batch_id) == "ok"  # chunk 0 runs; chunks 1 and 2 wait
     worker._run(worker.runners["echo"], items, queue)
+    worker._finisher.wait()  # the results are stored on the finisher's thread
     _worker(redis, settings, "after-cancel").work(burst=True)
     view = bulk.read_batch(redis, batch_id)
     assert view["status"] == "canceled"

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -131,3 +132,28 @@ def survive_outage(call: Any) -> None:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
         time.sleep(0.5)
+
+
+class Finisher:
+    """Stores a finished batch's results on a thread of its own while the worker takes the next batch.
+
+    A batch's finish is Python work (each job's outcome, encoded) and then Redis work (one transaction); the
+    next batch's claim, pop and start are Redis work, its loading Python work. On two threads the Redis
+    server runs one batch's part while this process runs the other's, instead of each waiting in turn.
+    Finishes stay in order, one in flight: a batch's finish first waits for the one before it, and
+    re-raises what that one raised.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferq-finish")
+        self._pending: Future[None] | None = None
+
+    def submit(self, finish: Callable[[], None]) -> None:
+        self.wait()
+        self._pending = self._pool.submit(finish)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Until the latest finish has stored its results (or ``timeout_s`` passed: TimeoutError)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result(timeout_s)

@@ -8,13 +8,15 @@ RQ's per-job helpers (``perform_job``, ``handle_job_success``) are never used: t
 about 18 round trips per job.
 
 Every write that moves a job is a script of ``shared.lifecycle``. Round trips per batch, in the
-steady state: the blocking BLMOVE, one script that pops the rest, one MULTI that starts and loads
-the batch, one MULTI that finishes it. With the overlap on (``INFERQ_OVERLAP``), the next batch
-is prepared while the model runs: see ``workers.batch_parts``.
+steady state: the worker's IDLE state, the blocking BLMOVE, one script that pops the rest, one MULTI
+that starts and loads the batch, one MULTI that finishes it. The finish runs on a thread of its own
+(``batch_parts.Finisher``), so Redis stores one batch while this process loads the next. With the
+overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -39,6 +41,7 @@ from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.batch_parts import (
     PREFETCH_HOLD_LIMIT_S,
+    Finisher,
     KeepAlive,
     Prefetched,
     jobs_of,
@@ -108,6 +111,7 @@ class BatchWorker(SimpleWorker):
 
         self._heartbeat_every_s = max(1.0, settings.worker_ttl_s / 3)
         self._beats = KeepAlive(self._keep_alive, settings.heartbeat_ttl_s / 3)
+        self._finisher = Finisher()
         self._suspension_checked_at = -math.inf
         self.batches_run = 0
 
@@ -172,8 +176,16 @@ class BatchWorker(SimpleWorker):
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
-            return  # the finish transaction already wrote it
+            return  # already written
         super().set_state(state, pipeline=pipeline)
+
+    def teardown(self) -> None:
+        """RQ registers the worker's death here: the last batch's results are stored first."""
+        try:
+            self._finisher.wait()
+        except Exception:
+            log.exception("worker %s: the last batch's results could not be stored", self.name)
+        super().teardown()
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
@@ -273,6 +285,8 @@ class BatchWorker(SimpleWorker):
                 self._give_back(*running)
             elif held is not None:
                 self._give_back_held(*held)
+            with contextlib.suppress(Exception):  # a batch that ran keeps its results: they are being stored
+                self._finisher.wait(timeout_s=10.0)
         super().request_force_stop(signum, frame)
 
     # -- one batch -------------------------------------------------------------------------
@@ -336,7 +350,8 @@ class BatchWorker(SimpleWorker):
                 100 * report.padding_waste,
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
-        self._retrying(lambda: self._finish(runner, items, queue))
+        ended_at = now()
+        self._finisher.submit(lambda: self._retrying(lambda: self._finish(runner, items, queue, ended_at)))
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
@@ -516,9 +531,13 @@ class BatchWorker(SimpleWorker):
         settings = self.settings
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
-    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue) -> None:
-        """Store every result, move registries, publish events and queue webhooks: one transaction."""
-        ended_at = now()
+    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: Any) -> None:
+        """Store every result, move registries, publish events and queue webhooks: one transaction.
+
+        Runs on the finisher's thread, maybe while the next batch starts: it leaves the worker's state alone
+        (the dequeue before the next claim writes IDLE, a start BUSY), so a late finish never says IDLE while
+        the next batch runs.
+        """
         outcomes = []
         chunks: dict[str, list[Item]] = {}
         for item in items:
@@ -535,7 +554,6 @@ class BatchWorker(SimpleWorker):
             qk = layout.queue_keys(queue.name)
             batch = metrics.batch_increments(len(items))
             call = store.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
-            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             vanished, superseded = store.finished(call, pipe.execute())
         if vanished:
             log.warning(

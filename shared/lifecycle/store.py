@@ -9,7 +9,6 @@ exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, 
 
 from __future__ import annotations
 
-import json
 import time
 from base64 import b64encode
 from collections.abc import Awaitable, Sequence
@@ -19,6 +18,7 @@ from functools import lru_cache
 from typing import Any, cast
 from uuid import uuid4
 
+import orjson
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
@@ -376,7 +376,10 @@ def start(
     started_at = now()
     model = keys.model_from_queue(qk.name)
     hk = layout.hooks()
-    execution_ids = [uuid4().hex for _ in job_ids]
+    # 32 hex digits as RQ's own, unique per execution: the batch's random prefix and the job's place in it
+    # (a uuid4 per job cost more than the rest of its start in Python).
+    prefix = uuid4().hex[:24]
+    execution_ids = [f"{prefix}{n:08x}" for n in range(len(job_ids))]
     per_job = [
         [
             layout.job_key(i),
@@ -414,7 +417,7 @@ def started(call: StartCall, replies: list[Any]) -> Started:
             continue
         raw = dict(zip(_START_FIELDS, row[2], strict=True))
         flat_info = row[4]
-        info = {_text(k): _text(v) for k, v in zip(flat_info[::2], flat_info[1::2], strict=True)}
+        info = {k.decode(): v.decode() for k, v in zip(flat_info[::2], flat_info[1::2], strict=True)}
         out.jobs.append(
             Claimed(
                 id=job_id,
@@ -515,7 +518,7 @@ def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]
     return [_text(i) for i in vanished], [_text(i) for i in superseded]
 
 
-def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> str:
+def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> bytes:
     job = outcome.job
     ended_at = job.ended_at or now()
     if outcome.finished and outcome.value_json is not None and outcome.value is not None:
@@ -561,7 +564,8 @@ def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[date
         entry["m"] = outcome.metrics
     if outcome.failures:
         entry["f"] = outcome.failures
-    return json.dumps(entry, separators=(",", ":"))
+    # orjson: the stdlib encoder cost a tenth of a worker's time per job in a no-op drain (6.6 vs 0.4 us here).
+    return orjson.dumps(entry)
 
 
 def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[Claimed], worker_name: str) -> list[str]:
