@@ -23,6 +23,12 @@ from shared.settings import Settings
 # Bodies up to this size are checked on the event loop: their check costs less than the hop to a thread.
 # Larger ones go to the threadpool, so one hostile body never stalls other requests.
 INLINE_CHECK_BYTES = 64 * 1024
+# Beside the input's own bound, what the other fields of a JSON submit (or a JSONL line) may take: a webhook
+# of WEBHOOK_MAX_CHARS characters written as \u escapes (12 bytes for a character outside the BMP), a
+# custom_id, result_ttl, ttl, priority, their keys, and the whitespace of pretty-printing around them.
+JSON_FIELDS_CHARS = 64 * 1024
+# Bytes a character of JSON syntax takes in each encoding json.loads accepts (RFC 8259 asks for UTF-8).
+_BYTES_PER_CHAR = {"utf-16": 2, "utf-16-le": 2, "utf-16-be": 2, "utf-32": 4, "utf-32-le": 4, "utf-32-be": 4}
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNORECASE)
 
 
@@ -98,6 +104,23 @@ def _json_body(body: bytes) -> Any:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from None
 
 
+def check_json_size(config: ModelConfig, kind: InputKind[Any], data: bytes, what: str = "body") -> None:
+    """A 413 for a JSON body (or JSONL line) far larger than any legitimate one for the model, before parsing it.
+
+    json's C parser holds the GIL, even in the threadpool: a 10 MiB body for a model taking 2 numbers would
+    stall every other request for the seconds it takes. Kinds without a ``json_bound`` are not checked here.
+    """
+    if kind.json_bound is None:
+        return
+    bound = kind.json_bound(config.input)
+    limit = (bound.chars + JSON_FIELDS_CHARS) * _BYTES_PER_CHAR.get(json.detect_encoding(data[:4]), 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            f"the {what} is {len(data)} bytes; model {config.name} takes {bound.holds}, "
+            f"so a JSON {what} for it is at most {limit} bytes"
+        )
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
@@ -109,6 +132,7 @@ async def parse_submission(request: Request, config: ModelConfig, body: bytes, s
     kind = input_kind(config.input)
     inline = len(body) <= INLINE_CHECK_BYTES
     if media_type == "application/json" and kind.from_json is not None:
+        check_json_size(config, kind, body)
         if inline:
             return _json_submission(config, kind, body, settings)
         return await run_in_threadpool(_json_submission, config, kind, body, settings)

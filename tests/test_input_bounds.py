@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -13,13 +14,26 @@ import httpx
 import pytest
 from PIL import Image
 
+from api import inputs
 from api.app import create_app
+from api.routers.batches import CUSTOM_ID_MAX, parse_upload
+from api.schemas import WEBHOOK_MAX_CHARS
+from shared.errors import PayloadTooLarge
+from shared.inputs import input_kind
+from shared.inputs.tensor import FLOAT_MAX, INT64_MIN
+from shared.models import ModelConfig
 from shared.settings import Settings
 from tests.test_inputs import write_models
 
+DEEP = [4, 3, 1, 5, 2, 8]
 CONFIGS: dict[str, dict[str, Any]] = {
     "pair": {"handler": "tests.support:SlowEcho", "weights": "none", "input": {"kind": "tensor", "shape": [2]}},
     "grid": {"handler": "tests.support:SlowEcho", "weights": "none", "input": {"kind": "tensor", "shape": [2, 2]}},
+    "deep": {
+        "handler": "tests.support:SlowEcho",
+        "weights": "none",
+        "input": {"kind": "tensor", "shape": DEEP, "dtype": "float64"},
+    },
     "pic": {"handler": "image_classifier", "weights": "none", "input": {"kind": "image", "size": [8, 8]}},
 }
 
@@ -55,20 +69,88 @@ def _race(settings: Settings, method: str, path: str, **kwargs: Any) -> tuple[ht
     return asyncio.run(run())
 
 
-def test_a_huge_flat_tensor_is_refused_without_stalling_other_requests(settings: Settings) -> None:
+def test_a_huge_flat_tensor_is_refused_unparsed(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     body = b'{"inputs": [' + b",".join([b"0.5"] * 2_500_000) + b"]}"  # 10 MiB for a model taking 2 numbers
-    # The parse runs in the threadpool, but json's C parser holds the GIL while it runs, so on a loaded machine
-    # the loop may get no turn before the refusal is ready. Parsed on the loop, /healthz would never come first;
-    # off it, it comes first unless the machine is starved: one of three races must show it.
-    orders = []
-    for _ in range(3):
-        response, order = _race(settings, "POST", "/v1/models/pair/jobs", content=body, headers=_json)
-        assert response.status_code == 422
-        assert response.json()["error"]["message"] == "inputs: expected an array of length 2, got length 2500000"
-        orders.append(order)
-        if order == ["healthz", "heavy"]:
-            break
-    assert ["healthz", "heavy"] in orders, orders
+    # json's C parser holds the GIL, even in the threadpool: a body this far past what the model's shape can need
+    # is refused by its size, so no request waits on its parse. The refusal is ready before /healthz is asked,
+    # so which of the two ends first says nothing; that the body was never parsed says it all.
+    parsed: list[int] = []
+    real = inputs._json_body
+
+    def spy(body: bytes) -> Any:
+        parsed.append(len(body))
+        return real(body)
+
+    monkeypatch.setattr(inputs, "_json_body", spy)
+    response, order = _race(settings, "POST", "/v1/models/pair/jobs", content=body, headers=_json)
+    assert response.status_code == 413
+    assert response.json()["error"] == {
+        "code": "payload_too_large",
+        "message": f"the body is {len(body)} bytes; model pair takes 2 numbers (a tensor of shape [2]), "
+        "so a JSON body for it is at most 65760 bytes",
+    }
+    assert parsed == [] and sorted(order) == ["healthz", "heavy"]
+
+
+def _largest_body(shape: list[int], dtype: str, indent: int | str | None, settings: Settings) -> str:
+    """The longest JSON body a model of this shape takes: every number at its longest, every option at its most."""
+    number: float | int = INT64_MIN if dtype == "int64" else -FLOAT_MAX[dtype]
+    tensor: Any = number
+    for size in reversed(shape):
+        tensor = [tensor] * size
+    host = "http://127.0.0.1:9/"
+    document = {
+        "inputs": tensor,
+        # json.dumps writes each character outside the BMP as two \\u escapes: 12 bytes.
+        "webhook": host + "\U0001f600" * (WEBHOOK_MAX_CHARS - len(host)),
+        "priority": "interactive",
+        "result_ttl": settings.max_result_ttl_s,
+        "ttl": settings.queue_ttl_s,
+    }
+    return json.dumps(document, indent=indent)
+
+
+def test_the_largest_pretty_printed_tensor_body_is_taken(settings: Settings) -> None:
+    settings = settings.model_copy(update={"webhook_allow": ["127.0.0.1"]})
+    body = _largest_body(DEEP, "float64", 4, settings)
+    assert body.count("-1.7976931348623157e+308") == 960 and len(body) > inputs.INLINE_CHECK_BYTES
+    response, _ = _race(settings, "POST", "/v1/models/deep/jobs", content=body, headers=_json)
+    assert response.status_code == 202, response.text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+@pytest.mark.parametrize("shape", [[], [0], [1], [2], [2, 2], DEEP, [1] * 12, [3, 1, 4, 1, 5]])
+def test_no_legitimate_tensor_body_is_over_the_bound(settings: Settings, shape: list[int], dtype: str) -> None:
+    config = ModelConfig(name="m", weights="none", input={"kind": "tensor", "shape": shape, "dtype": dtype})
+    kind = input_kind(config.input)
+    for indent in (None, 0, 1, 2, 4, 8, 16, "\t"):
+        body = _largest_body(shape, dtype, indent, settings)
+        for encoding in ("utf-8", "utf-8-sig", "utf-16", "utf-32"):
+            inputs.check_json_size(config, kind, body.encode(encoding))
+            # A JSONL line is one line of the same fields, a custom_id in place of the options.
+            line = {"custom_id": "\U0001f600" * CUSTOM_ID_MAX, "inputs": json.loads(body)["inputs"]}
+            inputs.check_json_size(config, kind, json.dumps(line).encode(encoding), "line")
+    assert kind.json_bound is not None
+    limit = kind.json_bound(config.input).chars + inputs.JSON_FIELDS_CHARS
+    inputs.check_json_size(config, kind, b" " * limit)
+    refusal = f"^the body is {limit + 1} bytes; model m takes .* at most {limit} bytes$"
+    with pytest.raises(PayloadTooLarge, match=refusal):
+        inputs.check_json_size(config, kind, b" " * (limit + 1))
+
+
+def test_a_jsonl_line_far_past_the_tensor_bound_is_refused_alone(settings: Settings) -> None:
+    config = ModelConfig(name="pair", weights="none", input={"kind": "tensor", "shape": [2]})
+    huge = b'{"custom_id": "b", "inputs": [' + b",".join([b"0.5"] * 100_000) + b"]}"
+    upload = parse_upload(config, b'{"custom_id": "a", "inputs": [1, 2]}\n' + huge + b"\n", settings)
+    assert [item.custom_id for item in upload.items] == ["a"]
+    assert upload.refused == [
+        {
+            "line": 2,
+            "custom_id": None,
+            "error": f"line 2: the line is {len(huge)} bytes; model pair takes 2 numbers (a tensor of shape [2]), "
+            "so a JSON line for it is at most 65760 bytes",
+        }
+    ]
 
 
 def test_json_nested_deeper_than_the_model_takes_is_a_422(settings: Settings) -> None:
@@ -76,10 +158,13 @@ def test_json_nested_deeper_than_the_model_takes_is_a_422(settings: Settings) ->
     response, _ = _race(settings, "POST", "/v1/models/grid/jobs", content=deep, headers=_json)
     assert response.status_code == 422
     assert response.json()["error"]["message"] == "inputs: expected an array of length 2, got length 1"
-    deeper = '{"inputs": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    deeper = '{"inputs": ' + "[" * 30_000 + "]" * 30_000 + "}"  # within the bound, past json's recursion limit
     response, _ = _race(settings, "POST", "/v1/models/grid/jobs", content=deeper, headers=_json)
     assert response.status_code == 422
     assert response.json()["error"]["message"].startswith("the body is not valid JSON")
+    deepest = '{"inputs": ' + "[" * 100_000 + "]" * 100_000 + "}"  # past the bound: refused unparsed
+    response, _ = _race(settings, "POST", "/v1/models/grid/jobs", content=deepest, headers=_json)
+    assert response.status_code == 413
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 
 from api.auth import Owner
 from api.deps import Model, State
-from api.inputs import read_body
+from api.inputs import check_json_size, read_body
 from api.schemas import ERRORS
 from shared import keys
 from shared.errors import AppError, Conflict, InvalidInput, NotFound
@@ -78,6 +78,7 @@ def parse_upload(config: ModelConfig, body: bytes, settings: Settings) -> Upload
             continue
         custom_id: str | None = None
         try:
+            check_json_size(config, kind, raw, "line")
             try:
                 line = json.loads(raw)
             except (ValueError, RecursionError) as exc:

@@ -22,6 +22,14 @@ class Payload:
 
 
 @dataclass(frozen=True)
+class JsonBound:
+    """The most characters a legitimate JSON "inputs" value can take, however it is formatted, and what it holds."""
+
+    chars: int
+    holds: str  # completes "model X takes ...", e.g. "2 numbers (a tensor of shape [2])"
+
+
+@dataclass(frozen=True)
 class InputKind(Generic[Spec]):
     """One input kind: the bodies it takes, the checks that turn them into a Payload, its OpenAPI."""
 
@@ -41,6 +49,8 @@ class InputKind(Generic[Spec]):
     media_types: tuple[str, ...] = ()
     # Whether a multipart/form-data body's "file" field goes to from_bytes.
     multipart: bool = False
+    # For kinds whose spec fixes the input's size: a JSON body (or JSONL line) far past it is refused unparsed.
+    json_bound: Callable[[Spec], JsonBound] | None = None
 
     def takes_media(self, media_type: str) -> bool:
         """Whether a raw body of ``media_type`` (lower case, no parameters) goes to from_bytes."""

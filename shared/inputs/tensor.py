@@ -10,13 +10,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from shared.errors import InvalidInput
-from shared.inputs.base import InputKind, Payload, json_type
+from shared.inputs.base import InputKind, JsonBound, Payload, json_type
 from shared.settings import Settings
 
 # What the worker's torch.tensor(..., dtype) can hold. Past these, int64 and float64 raise in the
 # worker (one failed job, after queueing), and float32 silently turns the number into infinity.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": sys.float_info.max}
+
+# What one tensor's JSON may take, however it is formatted (json_bound). A number's shortest repr is at most
+# 24 characters (-1.7976931348623157e+308; int64's longest is 20); 48 leaves room for fixed-precision writers.
+# Each number and each array (its opening and its closing) may sit on a line of its own, with a separator and
+# up to 16 columns of indentation per nesting level: json.dumps(..., indent=4) needs a quarter of that.
+NUMBER_CHARS = 48
+LINE_CHARS = 8
+INDENT_CHARS = 16
 
 
 class TensorInput(BaseModel):
@@ -65,6 +73,17 @@ def from_json(spec: TensorInput, inputs: Any, model: str, settings: Settings) ->
     return Payload(json.dumps({"inputs": inputs}).encode(), "application/json")
 
 
+def json_bound(spec: TensorInput) -> JsonBound:
+    """The most characters a legitimate ``inputs`` value of this shape takes, pretty-printed or not."""
+    chars = 0
+    nodes = 1  # arrays (then numbers) at this nesting level
+    for depth, size in enumerate(spec.shape):
+        chars += nodes * 2 * (LINE_CHARS + INDENT_CHARS * (depth + 1))
+        nodes *= max(size, 0)
+    chars += nodes * (NUMBER_CHARS + LINE_CHARS + INDENT_CHARS * (len(spec.shape) + 1))
+    return JsonBound(chars, f"{nodes} number{'' if nodes == 1 else 's'} (a tensor of shape {spec.shape})")
+
+
 def openapi(spec: TensorInput) -> dict[str, dict[str, Any]]:
     if spec.dtype == "int64":
         schema: dict[str, Any] = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
@@ -81,4 +100,5 @@ KIND = InputKind(
     takes="a JSON body {'inputs': [...]}",
     openapi=openapi,
     from_json=from_json,
+    json_bound=json_bound,
 )
