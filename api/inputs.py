@@ -21,7 +21,8 @@ from shared.models import ModelConfig
 from shared.settings import Settings
 
 # Bodies up to this size are checked on the event loop: their check costs less than the hop to a thread.
-# Larger ones go to the threadpool, so one hostile body never stalls other requests.
+# Larger ones go to the threadpool; json's C parser holds the GIL there too, so a tensor body is first held
+# to the size its model's shape can need (check_json_size), and the body limit bounds the rest.
 INLINE_CHECK_BYTES = 64 * 1024
 # Beside the input's own bound, what the other fields of a JSON submit (or a JSONL line) may take: a webhook
 # of WEBHOOK_MAX_CHARS characters written as \u escapes (12 bytes for a character outside the BMP), a
