@@ -376,9 +376,7 @@ def start(
     started_at = now()
     model = keys.model_from_queue(qk.name)
     hk = layout.hooks()
-    # 32 hex digits as RQ's own, unique per execution: the batch's random prefix and the job's place in it
-    # (a uuid4 per job cost more than the rest of its start in Python).
-    prefix = uuid4().hex[:24]
+    prefix = uuid4().hex[:24]  # 32 hex digits as RQ's, unique: a uuid4 per job cost more than its start
     execution_ids = [f"{prefix}{n:08x}" for n in range(len(job_ids))]
     per_job = [
         [
