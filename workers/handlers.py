@@ -169,6 +169,11 @@ def finite_list(value: Any) -> Any:
 
 def _finite(value: Any) -> Any:
     if isinstance(value, list):
+        try:
+            if all(map(math.isfinite, value)):
+                return value  # a row of finite numbers, checked in C: nothing to replace
+        except (TypeError, OverflowError):  # nested lists, None, text; an int past a float's range
+            pass
         return [_finite(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
