@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
     bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
+    # After an interactive batch, how long a worker waits for more interactive work before it starts a bulk
+    # chunk: an application's next request, sent once the last answer came, then runs before the chunk.
+    bulk_anticipate_ms: float = Field(default=20.0, ge=0, le=1000, allow_inf_nan=False)
     # Prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs the
     # current one: "auto" on a CUDA device only, "on" everywhere (tests force it on the CPU), "off" never.
     overlap: Literal["auto", "on", "off"] = "auto"

@@ -217,6 +217,32 @@ def test_bulk_is_never_starved_by_steady_interactive_work(
     assert order.count("bulk") == 2 and len(order) == 12
 
 
+def test_an_interactive_request_arriving_just_after_the_last_one_runs_before_the_next_bulk_chunk(
+    redis_url: str, redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends its next request once its answer came (an application, a `Prefer: wait` loop) gets
+    it run before the bulk lane takes the model, not behind a whole bulk chunk."""
+    settings = Settings(redis_url=redis_url, bulk_anticipate_ms=500)
+    bulk_ids = [_submit(redis, settings, keys.BULK, i) for i in range(8)]
+    for job_id in bulk_ids:
+        redis.hset(keys.info_key(job_id), "bulk", "1")
+    first = _submit(redis, settings, keys.INTERACTIVE, 0)
+    ran: list[str] = []
+    later: list[str] = []
+
+    def recording(runner: ModelRunner, items: list[Any]) -> Any:
+        lane = "bulk" if items[0].job.info.get("bulk") else "interactive"
+        ran.append(lane)
+        if len(ran) == 1:  # the next request, sent 50 ms after this batch: well inside the 500 ms window
+            threading.Timer(0.05, lambda: later.append(_submit(redis, settings, keys.INTERACTIVE, 1))).start()
+        return run_batch(runner, items)
+
+    monkeypatch.setattr(batching, "run_batch", recording)
+    _worker(redis, settings, "anticipating").work(burst=True)
+    assert ran == ["interactive", "interactive", "bulk", "bulk"]
+    assert {get_job_view(redis, i)["status"] for i in [first, *later, *bulk_ids]} == {"finished"}
+
+
 class _Receiver(BaseHTTPRequestHandler):
     bodies: list[dict[str, Any]] = []
 

@@ -247,7 +247,15 @@ class BatchWorker(SimpleWorker):
         bulk_first = self._since_bulk + 1 >= self._bulk_every
         order = bulk + interactive if bulk_first else interactive + bulk
         block_on = self.queues[0].name if models == 1 else None
-        claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
+        claimed = None
+        if self._since_bulk > 0 and not bulk_first and self.settings.bulk_anticipate_ms > 0:
+            # The last batch was interactive: its client's next request gets a moment to arrive before a
+            # bulk chunk (a batch of max_batch items) takes the model (INFERQ_BULK_ANTICIPATE_MS).
+            with contextlib.suppress(DequeueTimeout):
+                anticipate_s = self.settings.bulk_anticipate_ms / 1000
+                claimed = store.claim(self.connection, [q.name for q in interactive], anticipate_s, block_on)
+        if claimed is None:
+            claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
         if claimed is None:
             return None
         job_id, name = claimed
