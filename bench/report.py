@@ -114,7 +114,7 @@ def overlap_rows(results: dict[str, Any]) -> list[Row]:
     detail = (
         f"best of {overlap['rounds']}: {max(overlap['auto']):.1f} img/s as shipped (auto, off on a CPU) vs "
         f"{max(overlap['off']):.1f} off, {overlap['jobs']} jobs queued; forced on: {max(overlap['on']):.1f} "
-        f"({overlap['forced_on_ratio']:.2f}x: preparing the next batch beside the forward pass takes CPU it uses)"
+        f"({overlap['forced_on_ratio']:.2f}x)"
     )
     return [_target("overlap_cpu", overlap["ratio"], 0.95, detail)]
 

@@ -51,6 +51,8 @@ WAITING_CLIENTS = (16, 64, 256, 1024)
 SUBMIT_CLIENTS = 64
 # Alternating rounds of the API-alone rows (one process, `--workers 2`); the best of each figure counts.
 API_ROUNDS = 3
+# Passes of the waiting-clients sweep; each level keeps its better pass.
+WAITING_ROUNDS = 2
 PEERS = ("plain_rq", "sync_fastapi", "celery_batches")
 
 
@@ -480,19 +482,29 @@ class Bench:
             procs.stop()
 
     def _waiting_clients(self, base: str) -> None:
-        """Many clients each holding a `Prefer: wait` submit of the no-op model open: 16 to 1,024."""
+        """Many clients each holding a `Prefer: wait` submit of the no-op model open: 16 to 1,024.
+
+        The sweep runs twice and each level keeps its better pass (as the other rows alternate rounds): one
+        API process is CPU-bound here, so a burst of someone else's work moves a single pass's level by 10%.
+        """
         body = payloads_for("noop", 1)[0][0]
+        best: dict[int, dict[str, Any]] = {}
+        for _ in range(1 if self.args.quick else WAITING_ROUNDS):
+            for clients in WAITING_CLIENTS:
+                point = self._hammer(
+                    f"{base}/v1/models/noop/jobs",
+                    clients,
+                    opening_burst_s(clients, self.point_s),
+                    method="POST",
+                    body=body,
+                    headers={"content-type": "application/json", "prefer": "wait=60"},
+                )
+                if clients not in best or point["per_s"] > best[clients]["per_s"]:
+                    best[clients] = point
         points = []
         for clients in WAITING_CLIENTS:
             ceiling = self._ceiling(base, clients, "waiting")
-            point = self._hammer(
-                f"{base}/v1/models/noop/jobs",
-                clients,
-                opening_burst_s(clients, self.point_s),
-                method="POST",
-                body=body,
-                headers={"content-type": "application/json", "prefer": "wait=60"},
-            )
+            point = best[clients]
             point["generator_ceiling_per_s"] = ceiling["per_s"]
             point["limited_by_generator"] = limited(point["per_s"], ceiling["per_s"])
             points.append(point)
