@@ -108,9 +108,6 @@ def overlap_rows(results: dict[str, Any]) -> list[Row]:
     overlap = results.get("overlap")
     if not overlap:
         return []
-    if "auto" not in overlap:  # a results file from before the default was measured
-        detail = f"forced on, best of {overlap['rounds']}: {max(overlap['on']):.1f} vs {max(overlap['off']):.1f} img/s"
-        return [_target("overlap_cpu", overlap["ratio"], 0.95, detail)]
     detail = (
         f"best of {overlap['rounds']}: {max(overlap['auto']):.1f} img/s as shipped (auto, off on a CPU) vs "
         f"{max(overlap['off']):.1f} off, {overlap['jobs']} jobs queued; forced on: {max(overlap['on']):.1f} "

@@ -12,13 +12,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import keys, metrics
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view, new_job_id
+from shared.jobs import QueueCache, cancel_job, get_job_view, new_job_id
 from shared.lifecycle import bulk, census, layout, store
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.rqjson import JSONJob
 from shared.settings import Settings
 from tests.support import POISON
-from tests.test_batching import _runner
+from tests.test_batching import _runner, _submit
 from workers.batching import BatchWorker
 
 AGREED = {
@@ -41,11 +41,6 @@ AGREED = {
 @pytest.fixture
 def settings(redis_url: str) -> Settings:
     return Settings(redis_url=redis_url)
-
-
-def _submit(redis: redis_py.Redis, settings: Settings, values: list[float]) -> str:
-    payload = json.dumps({"inputs": values}).encode()
-    return enqueue_job(QueueCache(redis), settings, Submission("echo", payload, "application/json")).id
 
 
 def _totals(redis: redis_py.Redis, model: str = "echo") -> dict[str, float]:

@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import redis
@@ -539,7 +539,7 @@ class BatchWorker(SimpleWorker):
         settings = self.settings
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
-    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: Any) -> None:
+    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
         """Store every result, move registries, publish events and queue webhooks: one transaction.
 
         Runs on the finisher's thread, maybe while the next batch starts: it leaves the worker's state alone

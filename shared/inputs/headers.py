@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # (bit depth, colour type) pairs a PNG may carry (the PNG specification's table, as Pillow's PNG reader).
@@ -28,6 +29,15 @@ class TooManyChunks(Exception):
     """A PNG with more chunks before its image data than anyone sends."""
 
 
+def png_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """(type, offset of its data, length) of each chunk whose 8-byte header is all there, in order."""
+    offset = len(PNG_SIGNATURE)
+    while offset + 8 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, offset)
+        yield kind, offset + 8, length
+        offset += 12 + length
+
+
 def png_size(data: bytes, max_chunks: int) -> tuple[int, int] | None:
     """(width, height) of a well-formed PNG, every chunk before its image data CRC-checked; else ``None``.
 
@@ -35,28 +45,25 @@ def png_size(data: bytes, max_chunks: int) -> tuple[int, int] | None:
     """
     if not data.startswith(PNG_SIGNATURE):
         return None
-    offset = len(PNG_SIGNATURE)
     size: tuple[int, int] | None = None
-    for index in range(max_chunks):
-        if offset + 8 > len(data):
-            return None
-        length, kind = struct.unpack_from(">I4s", data, offset)
+    for index, (kind, start, length) in enumerate(png_chunks(data)):
         if kind == b"IDAT":
             return size
-        end = offset + 8 + length
+        end = start + length
         if end + 4 > len(data) or kind == b"IEND":
             return None
         (crc,) = struct.unpack_from(">I", data, end)
-        if zlib.crc32(memoryview(data)[offset + 4 : end]) != crc:
+        if zlib.crc32(memoryview(data)[start - 4 : end]) != crc:
             return None
         if index == 0:
             if kind != b"IHDR" or length != 13:
                 return None
             width, height, depth, colour, compression, filtering, interlace = struct.unpack_from(
-                ">IIBBBBB", data, offset + 8
+                ">IIBBBBB", data, start
             )
             if (depth, colour) not in _PNG_MODES or compression or filtering or interlace > 1 or not width * height:
                 return None
             size = (width, height)
-        offset = end + 4
-    raise TooManyChunks
+        if index + 1 >= max_chunks:
+            raise TooManyChunks
+    return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
 import warnings
 from typing import Any, Literal
 
@@ -12,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidInput, UnsupportedMedia
 from shared.inputs.base import InputKind, Payload
-from shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_size
+from shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_chunks, png_size
 from shared.settings import Settings
 
 
@@ -38,15 +37,16 @@ def check_png_chunks(data: bytes) -> None:
     """Refuse a PNG padded with thousands of chunks before its image data, before Pillow parses them all."""
     if not data.startswith(PNG_SIGNATURE):
         return
-    offset = len(PNG_SIGNATURE)
-    for _ in range(MAX_PNG_CHUNKS):
-        if offset + 8 > len(data):
-            return  # truncated: Pillow says what is wrong
-        (length,) = struct.unpack_from(">I", data, offset)
-        if data[offset + 4 : offset + 8] in (b"IDAT", b"IEND"):
+    for index, (kind, _, _) in enumerate(png_chunks(data)):
+        if kind in (b"IDAT", b"IEND"):
             return
-        offset += 12 + length
-    raise InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data")
+        if index + 1 >= MAX_PNG_CHUNKS:
+            raise _too_many_chunks()
+    # truncated: Pillow says what is wrong
+
+
+def _too_many_chunks() -> InvalidInput:
+    return InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data")
 
 
 def header_size(data: bytes) -> tuple[str, tuple[int, int]] | None:
@@ -54,7 +54,7 @@ def header_size(data: bytes) -> tuple[str, tuple[int, int]] | None:
     try:
         png = png_size(data, MAX_PNG_CHUNKS)
     except TooManyChunks:
-        raise InvalidInput(f"the PNG has more than {MAX_PNG_CHUNKS} chunks before its image data") from None
+        raise _too_many_chunks() from None
     return ("PNG", png) if png is not None else None
 
 
