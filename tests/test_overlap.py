@@ -44,6 +44,7 @@ class Recorder(TensorHandler):
         self.cond = threading.Condition()
         self.preprocessed = 0
         self.forwarded = 0
+        self.in_forward = False
         self.total = 0
         self.wait_for_next = False
         self.forwards: Counter[int] = Counter()
@@ -52,6 +53,12 @@ class Recorder(TensorHandler):
     def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
         value = super().preprocess(payload, content_type)
         with self.cond:
+            if self.wait_for_next and threading.current_thread() is not threading.main_thread():
+                # The worker starts the prefetch thread just before the forward pass; on a loaded machine that
+                # thread could record its items before the main thread reached predict(). It waits (bounded) for
+                # a forward in progress: an overlapping worker then always shows pre after the forward started,
+                # and a worker that prepared the next batch before the forward still fails the ordering below.
+                self.cond.wait_for(lambda: self.in_forward, self.WAIT_S)
             self.events.append(("pre", int(value[0])))
             self.preprocessed += 1
             self.cond.notify_all()
@@ -59,16 +66,20 @@ class Recorder(TensorHandler):
 
     def predict(self, batch: torch.Tensor) -> torch.Tensor:
         ids = [int(v) for v in batch[:, 0]]
-        self.events.append(("forward", tuple(ids)))
         self.forwards.update(ids)
         with self.cond:
+            self.events.append(("forward", tuple(ids)))
+            self.in_forward = True
+            self.cond.notify_all()
             self.forwarded += len(ids)
             if self.wait_for_next:
                 # Bounded: a worker that does not overlap fails the ordering assertions below, not by hanging.
                 self.cond.wait_for(lambda: self.preprocessed > self.forwarded or self.forwarded >= self.total, 10.0)
         if self.on_forward is not None:
             self.on_forward(ids)
-        self.events.append(("end", tuple(ids)))
+        with self.cond:
+            self.events.append(("end", tuple(ids)))
+            self.in_forward = False
         return batch * 1.0
 
 
