@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,54 @@ def test_a_waited_submit_reads_its_job_only_when_told_it_ended(tmp_path: Path) -
         # and not one read of the job: it is known to be queued until an event says otherwise.
         assert stats["cmdstat_evalsha"]["calls"] == 1 and stats["cmdstat_eval"]["calls"] == 1
         assert "cmdstat_hgetall" not in stats and "cmdstat_pttl" not in stats
+        client.close()
+
+
+@pytest.mark.e2e
+def test_a_waited_submit_is_answered_from_its_end_event_with_the_view_a_read_gives(tmp_path: Path) -> None:
+    """The worker publishes a waited job's view with its end: the API answers from it, reading nothing.
+
+    The same view a GET reads back, finished or failed; a job with a webhook is still read (its view lists the
+    delivery attempts, which only a read can tell).
+    """
+    truncated = DIGIT[: len(DIGIT) // 2]  # a valid header, a broken body: only the worker can tell
+    with serving(new_stack(tmp_path)) as stack:
+        stack.start_api()
+        stack.start_worker("digits")
+        stack.wait_for_worker("digits")
+        client = stack.redis()
+        for body, status in ((DIGIT, "finished"), (truncated, "failed")):
+            client.config_resetstat()
+            response = httpx.post(
+                stack.base + SUBMIT,
+                content=body,
+                headers={"Content-Type": "image/png", "Prefer": "wait=30"},
+                timeout=40,
+            )
+            assert response.status_code == 200, response.text
+            stats = client.info("commandstats")
+            # Only a view's read sends these (the worker's scripts never do).
+            assert "cmdstat_xrevrange" not in stats and "cmdstat_pttl" not in stats, status
+            answered = response.json()
+            read = httpx.get(f"{stack.base}/v1/jobs/{answered['id']}").json()
+            assert answered["status"] == read["status"] == status
+            assert read.pop("webhook") is None
+            expires = [datetime.fromisoformat(v.pop("expires_at")) for v in (answered, read)]
+            assert abs((expires[0] - expires[1]).total_seconds()) < 1
+            assert answered == read
+        assert "could not decode image" in answered["error"] and answered["result"] is None
+
+        client.config_resetstat()
+        hooked = httpx.post(
+            stack.base + SUBMIT,
+            files={"file": ("d.png", DIGIT, "image/png")},
+            data={"webhook": "http://127.0.0.1:9/hook"},
+            headers={"Prefer": "wait=30"},
+            timeout=40,
+        )
+        assert hooked.status_code == 200 and hooked.json()["status"] == "finished"
+        assert hooked.json()["webhook"]["url"] == "http://127.0.0.1:9/hook"
+        assert client.info("commandstats")["cmdstat_xrevrange"]["calls"] == 1
         client.close()
 
 

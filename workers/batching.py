@@ -34,7 +34,7 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, metrics
-from shared.lifecycle import bulk, layout, store
+from shared.lifecycle import bulk, finish, layout, store
 from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
@@ -524,7 +524,7 @@ class BatchWorker(SimpleWorker):
         items = []
         for job in result.jobs:
             if "batch" not in job.info:
-                items.append(Item(job, job.payload, job.info.get("content_type", ""), info=dict(job.info)))
+                items.append(Item(job, job.payload, job.info.get("content_type", "")))
                 continue
             try:
                 chunk = bulk.decode_chunk(job.payload or b"")
@@ -561,8 +561,8 @@ class BatchWorker(SimpleWorker):
         with self.connection.pipeline(transaction=True) as pipe:
             qk = layout.queue_keys(queue.name)
             batch = metrics.batch_increments(len(items))
-            call = store.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
-            vanished, superseded = store.finished(call, pipe.execute())
+            call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
+            vanished, superseded = finish.finished(call, pipe.execute())
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished

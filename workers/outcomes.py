@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 from shared import metrics
-from shared.lifecycle.store import Outcome
+from shared.jobs import ended_view
+from shared.lifecycle.finish import Outcome
+from shared.lifecycle.store import Claimed
 from shared.settings import Settings
 from workers.batch_parts import observe
 from workers.running import Item
@@ -41,8 +43,8 @@ def chunk_outcome(items: list[Item], batch_size: int, model: str, worker_name: s
 def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settings: Settings) -> Outcome:
     """How the job ended, for the finish script."""
     job = item.job
-    info = {**item.info, "batch_size": str(batch_size), "worker": worker_name}
-    info.pop("content_type", None)
+    # The fields the finish adds to the info hash: the rest are there already (the start read them).
+    info = {"batch_size": str(batch_size), "worker": worker_name, "inference_ms": item.info["inference_ms"]}
     if job.enqueued_at:
         info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
     observed: metrics.Increments = {}
@@ -58,9 +60,22 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
             model,
             metrics=observed,
             value_json=item.output_json,
+            view=_view(job, "finished", info, int(ttl), item.output_json),
         )
     info["error"] = item.error
     ttl = job.failure_ttl or settings.failure_ttl_s
     note = metrics.failure_record(metrics.failure_class(item.error), item.error)
     value = item.traceback or item.error
-    return Outcome(job, False, value, int(ttl), info, model, metrics=observed, failures=[note])
+    view = _view(job, "failed", info, int(ttl), None)
+    return Outcome(job, False, value, int(ttl), info, model, metrics=observed, failures=[note], view=view)
+
+
+def _view(job: Claimed, status: str, info: dict[str, str], ttl_s: int, result_json: str | None) -> str | None:
+    """The view published with the job's end event, for a submit waiting on it (``shared.jobs.ended_view``).
+
+    Only then: other jobs' events stay small. A job with a webhook is left out (its view lists the delivery
+    attempts, which only a read can tell), and its waiting request reads the view as before.
+    """
+    if job.info.get("waited") != "1" or "webhook" in job.info or job.ended_at is None:
+        return None
+    return ended_view(status, job.enqueued_at, job.started_at, job.ended_at, info, ttl_s, result_json).decode()

@@ -47,6 +47,7 @@ class Item:
     job: Claimed
     payload: bytes | None
     content_type: str
+    # What the run adds to the job's info hash (its inference time); the hash's own fields are on ``job.info``.
     info: dict[str, str] = field(default_factory=dict)
     # An item of a bulk chunk (``job`` is the chunk): the client's id for it.
     custom_id: str | None = None

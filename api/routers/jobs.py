@@ -26,6 +26,7 @@ from shared.jobs import (
     isoformat,
     new_job_id,
     public_status,
+    view_from_event,
 )
 from shared.lifecycle.store import Enqueued
 from shared.urls import check_webhook_target_async
@@ -55,7 +56,8 @@ async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: st
     with state.events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
         view = await _view(state, job_id, owner)
-        return await _until_end(state, job_id, owner, events, deadline, view) or view
+        known = (view["model"], view["created_at"])
+        return await _until_end(state, job_id, owner, events, deadline, view, known) or view
 
 
 async def _until_end(
@@ -65,17 +67,26 @@ async def _until_end(
     events: asyncio.Queue[dict[str, Any]],
     deadline: float,
     view: dict[str, Any] | None,
+    known: tuple[str, str | None],
 ) -> dict[str, Any] | None:
-    """Wait on ``events`` until the job is terminal or ``deadline`` passes; its latest view, if one was read."""
+    """Wait on ``events`` until the job is terminal or ``deadline`` passes; its latest view, if one was read.
+
+    ``known``: the job's model and created_at. With them, an end event that carries the job's view (a waited
+    job's, ``shared.jobs.ended_view``) is the answer: no read.
+    """
     while view is None or view["status"] not in TERMINAL:
         left = deadline - time.monotonic()
         if left <= 0:
             break
         until_deadline = left <= RECHECK_S
         try:
-            event = await asyncio.wait_for(events.get(), timeout=min(left, RECHECK_S))
+            async with asyncio.timeout(min(left, RECHECK_S)):  # no task per wait, as wait_for makes
+                event = await events.get()
             if event.get("status") not in TERMINAL:
                 continue
+            carried = view_from_event(event, job_id, *known)
+            if carried is not None:
+                return carried
         except TimeoutError:
             # The submit answers 202 with what it knows: no read to tell it "queued". (Not the clock: uvloop's
             # timers have millisecond steps and may fire a fraction early.)
@@ -93,9 +104,10 @@ async def _enqueue_and_wait(
     job_id = new_job_id()
     with state.events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before the job exists, so no end can come unseen: no read of a job known to be queued.
-        job = await enqueue_job_async(state.aredis, state.settings, submission, job_id)
+        job = await enqueue_job_async(state.aredis, state.settings, submission, job_id, waited=True)
         if job.id == job_id:
-            return job, await _until_end(state, job_id, owner, events, deadline, None)
+            known = (submission.model, isoformat(job.created_at))
+            return job, await _until_end(state, job_id, owner, events, deadline, None, known)
     # An Idempotency-Key's earlier job: it may have ended already.
     return job, await wait_for_end(state, job.id, max(0.0, deadline - time.monotonic()), owner)
 

@@ -140,7 +140,7 @@ async def infer(
         idempotency_key=idempotency_key or None,
         owner=owner,
     )
-    job = await enqueue_job_async(state.aredis, settings, submission)
+    job = await enqueue_job_async(state.aredis, settings, submission, waited=wait_s > 0)
     location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
     view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
     if view is not None and view["status"] == "finished":

@@ -1,10 +1,19 @@
-"""Lua functions shared by the lifecycle scripts (``scripts``) that end a job or a bulk batch.
+"""What the lifecycle scripts (``scripts``) are made of: the ``Script`` that names one, declares its keys
+and runs it, and the Lua functions several share (ending a job or a bulk batch, one call for many arguments).
 
-They are prepended to each script's source: Redis runs every script on its own, with no shared library
-(Redis 7's functions would be one, but inferq supports Redis >= 6.2).
+The functions are prepended to each script's source: Redis runs every script on its own, with no shared
+library (Redis 7's functions would be one, but inferq supports Redis >= 6.2).
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from redis.exceptions import NoScriptError
 
 # Shared by the scripts that end a job: tell the world once (the info hash's `announced` field),
 # by a pub/sub event and, when the job has one, a webhook delivery queued as an RQ job.
@@ -90,16 +99,81 @@ end
 local function note_reason(key, m, reason, text)
   note_failure(key, m, cjson.encode({at = m.now, reason = reason, error = text}))
 end
--- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set}
+-- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set, view}
+-- view: the job's view as JSON text (shared.jobs.ended_view), for a request waiting on it; spliced in as
+-- it is, since cjson would re-encode its numbers with 14 digits.
+-- read: the info hash's `announced` and `webhook` when the caller read them already (and set `announced`).
 local function announce(d)
-  if redis.call('EXISTS', d.info) == 1 then
+  local read = d.read
+  if not read and redis.call('EXISTS', d.info) == 1 then
     if redis.call('HSETNX', d.info, 'announced', '1') == 0 then return false end
-    if redis.call('HEXISTS', d.info, 'webhook') == 1 then
+    read = {false, redis.call('HEXISTS', d.info, 'webhook') == 1}
+  end
+  if read then
+    if read[1] then return false end
+    if read[2] then
       redis.call('EXPIRE', d.attempts, d.ttl)
       queue_delivery(d.tpl, d.hook_queue, d.queues_set, d.delivery, d.job_id, d.stamp)
     end
   end
-  redis.call('PUBLISH', d.channel, cjson.encode({id = d.job_id, model = d.model, status = d.status}))
+  local event = cjson.encode({id = d.job_id, model = d.model, status = d.status})
+  if d.view then event = string.sub(event, 1, -2) .. ',"view":' .. d.view .. '}' end
+  redis.call('PUBLISH', d.channel, event)
   return true
 end
 """
+
+Items = Sequence[Sequence[str]]
+
+
+CALL_MANY = """
+-- One call for many arguments (a batch's registry entries, its deleted keys), in slices unpack takes.
+local function call_many(cmd, key, args)
+  for i = 1, #args, 1000 do
+    local last = math.min(i + 999, #args)
+    if key then redis.call(cmd, key, unpack(args, i, last)) else redis.call(cmd, unpack(args, i, last)) end
+  end
+end
+"""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A named Lua script and the keys it declares: fixed ones, then a group per item."""
+
+    name: str
+    keys: tuple[str, ...]
+    source: str
+    per_item: tuple[str, ...] = ()
+
+    def __call__(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+        flat = self._keys(fixed, items)
+        return client.eval(self.body, len(flat), *flat, *args)
+
+    async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+        """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
+        flat = self._keys(fixed, items)
+        try:
+            return await client.evalsha(self.sha, len(flat), *flat, *args)
+        except NoScriptError:  # a restarted or flushed server: EVAL caches it again
+            return await client.eval(self.body, len(flat), *flat, *args)
+
+    def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
+        if len(fixed) != len(self.keys):
+            raise TypeError(f"script {self.name} declares keys {self.keys}, got {len(fixed)}")
+        flat = list(fixed)
+        for group in items:
+            if len(group) != len(self.per_item):
+                raise TypeError(f"script {self.name} takes {self.per_item} per item, got {len(group)}")
+            flat.extend(group)
+        return flat
+
+    @cached_property
+    def body(self) -> str:
+        stride = len(self.per_item)
+        return f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n{self.source}"
+
+    @cached_property
+    def sha(self) -> str:
+        """What EVALSHA names the script by: the SHA-1 of its body, as Redis computes it."""
+        return hashlib.sha1(self.body.encode(), usedforsecurity=False).hexdigest()

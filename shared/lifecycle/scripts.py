@@ -12,71 +12,9 @@ lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
-
-from redis.exceptions import NoScriptError
-
 from shared.lifecycle.lua import ANNOUNCE as _ANNOUNCE
-
-Items = Sequence[Sequence[str]]
-
-
-_CALL_MANY = """
--- One call for many arguments (a batch's registry entries, its deleted keys), in slices unpack takes.
-local function call_many(cmd, key, args)
-  for i = 1, #args, 1000 do
-    local last = math.min(i + 999, #args)
-    if key then redis.call(cmd, key, unpack(args, i, last)) else redis.call(cmd, unpack(args, i, last)) end
-  end
-end
-"""
-
-
-@dataclass(frozen=True)
-class Script:
-    """A named Lua script and the keys it declares: fixed ones, then a group per item."""
-
-    name: str
-    keys: tuple[str, ...]
-    source: str
-    per_item: tuple[str, ...] = ()
-
-    def __call__(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
-        flat = self._keys(fixed, items)
-        return client.eval(self.body, len(flat), *flat, *args)
-
-    async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
-        """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
-        flat = self._keys(fixed, items)
-        try:
-            return await client.evalsha(self.sha, len(flat), *flat, *args)
-        except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-            return await client.eval(self.body, len(flat), *flat, *args)
-
-    def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
-        if len(fixed) != len(self.keys):
-            raise TypeError(f"script {self.name} declares keys {self.keys}, got {len(fixed)}")
-        flat = list(fixed)
-        for group in items:
-            if len(group) != len(self.per_item):
-                raise TypeError(f"script {self.name} takes {self.per_item} per item, got {len(group)}")
-            flat.extend(group)
-        return flat
-
-    @cached_property
-    def body(self) -> str:
-        stride = len(self.per_item)
-        return f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n{self.source}"
-
-    @cached_property
-    def sha(self) -> str:
-        """What EVALSHA names the script by: the SHA-1 of its body, as Redis computes it."""
-        return hashlib.sha1(self.body.encode(), usedforsecurity=False).hexdigest()
-
+from shared.lifecycle.lua import CALL_MANY as _CALL_MANY
+from shared.lifecycle.lua import Script
 
 # Several queues: move the first waiting job into its intermediate list, trying the queues in the
 # order given; {1-based queue position, job id} or false. LMOVE needs Redis >= 6.2.
@@ -292,7 +230,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
   else
     local status = h[2]
     local mine = status == 'started' and h[3] == worker
-    if not mine or redis.call('HEXISTS', info, 'canceled') == 1 then
+    local f = mine and redis.call('HMGET', info, 'canceled', 'announced', 'webhook')  -- one read for announce
+    if not mine or f[1] then
       superseded[#superseded + 1] = j.id
       keep_input = status == 'queued' or (status == 'started' and not mine)
     else
@@ -303,6 +242,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       local ended = j.status == 'finished' and done or failed
       ended[#ended + 1] = now_s + j.ttl
       ended[#ended + 1] = j.id
+      if not f[2] then j.info.announced = '1' end
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
@@ -316,7 +256,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
       end
       announce({info = info, attempts = attempts, delivery = delivery,
                 job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
-                channel = channel, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]})
+                channel = channel, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5], view = j.view,
+                read = {f[2], f[3]}})
     end
   end
   running[#running + 1] = j.id .. ':' .. j.exec_id

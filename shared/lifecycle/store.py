@@ -1,4 +1,4 @@
-"""Every write that moves a job through its life: enqueue, claim, start, keep alive, finish, cancel,
+"""Every write that moves a job through its life: enqueue, claim, start, keep alive, finish (``finish``), cancel,
 give back, and the announcement of ends that RQ itself wrote (failed by maintenance) or that nobody
 wrote (expired in the queue).
 
@@ -10,7 +10,6 @@ exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, 
 from __future__ import annotations
 
 import time
-from base64 import b64encode
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,21 +17,17 @@ from functools import lru_cache
 from typing import Any, cast
 from uuid import uuid4
 
-import orjson
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from rq.exceptions import DequeueTimeout
 from rq.job import Retry
-from rq.results import Result
-from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, str_to_date, utcformat
 
 from shared import keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
-from shared.metrics import Increments
 from shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
@@ -444,126 +439,6 @@ def keep_alive(pipe: Pipeline, qk: QueueKeys, jobs: Sequence[Claimed], heartbeat
         pipe.expire(layout.job_key(job.id), job_ttl_s)
         pipe.expire(keys.info_key(job.id), job_ttl_s)
         pipe.expire(keys.payload_key(job.id), job_ttl_s)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one job ended."""
-
-    job: Claimed
-    finished: bool
-    value: Any  # the output, or the traceback
-    ttl_s: int
-    info: dict[str, str]
-    model: str
-    # A bulk chunk: its items' result lines, and the counts they move in the batch record.
-    lines: list[str] | None = None
-    moved: dict[str, int] | None = None
-    # What the job adds to the model's metrics if it ends here (shared.metrics), and its failure records.
-    metrics: Increments | None = None
-    failures: list[str] | None = None
-    # The output already encoded as JSON (the worker checks every output encodes): RQ's result is built from it.
-    value_json: str | None = None
-
-
-@dataclass(frozen=True)
-class FinishCall:
-    position: int
-
-
-def finish(
-    pipe: Pipeline,
-    settings: Settings,
-    qk: QueueKeys,
-    outcomes: Sequence[Outcome],
-    worker_name: str,
-    worker_key: str,
-    working_s: float,
-    batch_metrics: Increments | None = None,
-) -> FinishCall:
-    """Queue the end of a batch into ``pipe``: results, registries, events and webhooks, atomically."""
-    hk = layout.hooks()
-    per_job, entries = [], []
-    stamps: dict[datetime, str] = {}  # a batch's jobs share their end: its RQ timestamp, formatted once
-    for outcome in outcomes:
-        job = outcome.job
-        per_job.append(
-            [
-                layout.job_key(job.id),
-                keys.info_key(job.id),
-                layout.result_key(job.id),
-                keys.payload_key(job.id),
-                layout.execution_key(job.id, job.execution_id),
-                layout.executions_key(job.id),
-                keys.webhook_attempts_key(job.id),
-                layout.delivery_key(job.id),
-                *_batch_keys(job.id),
-            ]
-        )
-        entries.append(_entry(outcome, worker_name, pipe, stamps))
-    position = len(pipe)
-    fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
-    fixed += metrics_keys(keys.model_from_queue(qk.name))
-    args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *metrics_args()]
-    args += [metrics.encode(batch_metrics or {}), *_template(settings), *entries]
-    scripts.FINISH(pipe, fixed, per_job, args)
-    return FinishCall(position)
-
-
-def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]]:
-    """(vanished, superseded) job ids of a finish queued with ``finish``."""
-    vanished, superseded = replies[call.position]
-    return [_text(i) for i in vanished], [_text(i) for i in superseded]
-
-
-def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> bytes:
-    job = outcome.job
-    ended_at = job.ended_at or now()
-    if outcome.finished and outcome.value_json is not None and outcome.value is not None:
-        # What RQ's Result.serialize() writes for a success, without encoding the output a second time.
-        serialized: dict[str, Any] = {
-            "type": Result.Type.SUCCESSFUL.value,
-            "worker_name": worker_name,
-            "return_value": b64encode(outcome.value_json.encode()).decode(),
-            "execution_id": job.execution_id,
-            "execution_started_at": job.started_at.timestamp(),
-            "execution_ended_at": ended_at.timestamp(),
-        }
-    else:
-        serialized = Result(
-            job.id,
-            Result.Type.SUCCESSFUL if outcome.finished else Result.Type.FAILED,
-            pipe,
-            created_at=ended_at,
-            return_value=outcome.value if outcome.finished else None,
-            exc_string=None if outcome.finished else outcome.value,
-            worker_name=worker_name,
-            serializer=JSONSerializer,
-            execution_id=job.execution_id,
-            execution_started_at=job.started_at,
-            execution_ended_at=ended_at,
-        ).serialize()
-    stamp = stamps.get(ended_at)
-    if stamp is None:
-        stamp = stamps[ended_at] = utcformat(ended_at)
-    entry: dict[str, Any] = {
-        "id": job.id,
-        "exec_id": job.execution_id,
-        "status": "finished" if outcome.finished else "failed",
-        "ttl": int(outcome.ttl_s),
-        "ended_at": stamp,
-        "result": {k: str(v) for k, v in serialized.items()},
-        "info": outcome.info,
-        "model": outcome.model,
-    }
-    if outcome.lines is not None:
-        entry |= {"lines": outcome.lines, "moved": outcome.moved}
-    if outcome.metrics:
-        entry["m"] = outcome.metrics
-    if outcome.failures:
-        entry["f"] = outcome.failures
-    # orjson: the stdlib encoder cost a tenth of a worker's time per job in a no-op drain (6.6 vs 0.4 us here).
-    return orjson.dumps(entry)
 
 
 def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[Claimed], worker_name: str) -> list[str]:
