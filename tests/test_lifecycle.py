@@ -147,7 +147,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     redis.lmove(queue.key, queue.intermediate_queue_key)
     store.give_back_held(redis, layout.queue_keys(queue.name), [held])
     items = worker._start(queue, worker._collect(queue, held, 4))
-    store.give_back(redis, layout.queue_keys(queue.name), [i.job for i in items], worker.name)
+    store.give_back(redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name)
     store.announce_failed(redis, settings, [finished])
     store.claim(redis, [queue.name, "inferq.other"], None)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
@@ -272,7 +272,9 @@ def test_a_forced_stop_gives_back_only_what_this_worker_still_runs(redis: redis_
     redis.lmove(queue.key, queue.intermediate_queue_key)
     items = worker._start(queue, worker._collect(queue, ids[0], 4))
     cancel_job(QueueCache(redis), settings, ids[1])
-    back = store.give_back(redis, layout.queue_keys(queue.name), [i.job for i in items], worker.name)
+    back = store.give_back(
+        redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name
+    )
     assert back == [ids[0], ids[2]]
     assert redis.lrange(queue.key, 0, -1) == [ids[0].encode(), ids[2].encode()]
     assert [get_job_view(redis, i)["status"] for i in ids] == ["queued", "canceled", "queued"]

@@ -100,6 +100,8 @@ class BatchWorker(SimpleWorker):
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
+        # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
+        self._lost: tuple[Queue, list[str], list[str]] | None = None
         self._turn = 0  # which model a multi-model worker tries first on its next claim
         # Interactive batches since the bulk lane last went first; every `_bulk_every`-th batch it does.
         self._since_bulk = 0
@@ -212,6 +214,7 @@ class BatchWorker(SimpleWorker):
         idle_left = max_idle_time
         while True:
             try:
+                self._take_back_lost()
                 self.heartbeat()
                 if self.should_run_maintenance_tasks:
                     self.run_maintenance_tasks()
@@ -308,7 +311,9 @@ class BatchWorker(SimpleWorker):
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            # Popped jobs wait in RQ's intermediate list; its cleanup requeues them.
+            # RQ's cleanup would fail jobs left popped for a minute: they go back once Redis is (_take_back_lost).
+            if self._lost is None and self._held is not None:
+                self._lost = (*self._held, [])
             log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
             time.sleep(1.0)
             return
@@ -444,6 +449,7 @@ class BatchWorker(SimpleWorker):
         if thread is not None:
             thread.join(timeout=30)
         survive_outage(self._give_back_prefetched)
+        survive_outage(self._take_back_lost)
 
     def _expire_prefetched(self) -> None:
         """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue (RQ's cleanup would fail it)."""
@@ -459,8 +465,18 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        back = store.give_back(self.connection, layout.queue_keys(queue.name), jobs_of(items), self.name)
+        started = [(j.id, j.execution_id) for j in jobs_of(items)]
+        back = store.give_back(self.connection, layout.queue_keys(queue.name), started, self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
+
+    def _take_back_lost(self) -> None:
+        """A batch whose start lost Redis back at the front of its queue, whether that start ran or not."""
+        if self._lost is None:
+            return
+        queue, job_ids, execution_ids = self._lost
+        back = store.give_back_lost(self.connection, layout.queue_keys(queue.name), job_ids, execution_ids, self.name)
+        self._lost = None
+        log.warning("worker %s: %d job(s) whose start lost Redis given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
         """Put popped jobs that never started back at the front of their queue, in order."""
@@ -511,7 +527,9 @@ class BatchWorker(SimpleWorker):
             # --json says, and its workers page fails on a JSON job. The started registry names the batch.
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             self.heartbeat(heartbeat_ttl, pipeline=pipe)
+            self._lost = (queue, job_ids, call.execution_ids)  # until the reply is read: the start may have run
             result = store.started(call, pipe.execute())
+            self._lost = None
         if result.vanished or result.expired:
             log.warning(
                 "worker %s: %d job(s) expired before they started; dropped: %s",

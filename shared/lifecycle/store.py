@@ -441,17 +441,35 @@ def keep_alive(pipe: Pipeline, qk: QueueKeys, jobs: Sequence[Claimed], heartbeat
         pipe.expire(keys.payload_key(job.id), job_ttl_s)
 
 
-def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[Claimed], worker_name: str) -> list[str]:
-    """Started jobs back at the front of their queue, queued again, as they were; the ids given back."""
+def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[tuple[str, str]], worker_name: str) -> list[str]:
+    """Started jobs, as (id, execution id), back at the front of their queue, queued again; the ids given back."""
     if not jobs:
         return []
-    per_job = [
-        [layout.job_key(j.id), layout.execution_key(j.id, j.execution_id), layout.executions_key(j.id)] for j in jobs
-    ]
+    return [_text(i) for i in _give_back(connection, qk, jobs, worker_name)]
+
+
+def _give_back(client: Any, qk: QueueKeys, jobs: Sequence[tuple[str, str]], worker_name: str) -> Any:
+    per_job = [[layout.job_key(i), layout.execution_key(i, e), layout.executions_key(i)] for i, e in jobs]
     args: list[Any] = [worker_name]
-    for job in jobs:
-        args += [job.id, job.execution_id]
-    return [_text(i) for i in scripts.GIVE_BACK(connection, [qk.queue, qk.started], per_job, args)]
+    for job_id, execution_id in jobs:
+        args += [job_id, execution_id]
+    return scripts.GIVE_BACK(client, [qk.queue, qk.started], per_job, args)
+
+
+def give_back_lost(
+    connection: Redis, qk: QueueKeys, job_ids: Sequence[str], execution_ids: Sequence[str], worker_name: str
+) -> list[str]:
+    """A batch whose start lost its connection back at the front of its queue, whether the start ran or not.
+
+    The start is one script: it ran (the jobs are started by this worker, with these executions) or it
+    never did (they wait in the intermediate list, popped). One transaction gives back whichever holds.
+    """
+    with connection.pipeline(transaction=True) as pipe:
+        if execution_ids:
+            _give_back(pipe, qk, list(zip(job_ids, execution_ids, strict=True)), worker_name)
+        scripts.GIVE_BACK_HELD(pipe, [qk.queue, qk.intermediate], args=list(job_ids))
+        replies = pipe.execute()
+    return [_text(i) for reply in replies for i in reply]
 
 
 def give_back_held(connection: Redis, qk: QueueKeys, job_ids: Sequence[str]) -> list[str]:
