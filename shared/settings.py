@@ -23,8 +23,8 @@ PREFIX = "INFERQ_"
 # settings load (logging must exist first), and the test models read INFERQ_TEST_*.
 OTHER_NAMES = frozenset({"INFERQ_LOG_LEVEL"})
 OTHER_PREFIXES = ("INFERQ_TEST_",)
-# RQ's maintenance takes a job left in its intermediate list (popped, not yet started) for over a
-# minute as stuck and fails it; a batch filling for longer would lose its first jobs under it.
+# Maintenance takes a job left in RQ's intermediate list (popped, not yet started) for over a minute
+# as stranded and puts it back in its queue; a batch filling for longer would run its first jobs twice.
 MAX_WAIT_MS_LIMIT = 60_000
 
 

@@ -148,6 +148,11 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     store.give_back_held(redis, layout.queue_keys(queue.name), [held])
     items = worker._start(queue, worker._collect(queue, held, 4))
     store.give_back(redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name)
+    stranded = _submit(redis, settings)  # popped, then its worker died
+    redis.lrem(queue.key, 1, stranded)
+    redis.rpush(queue.intermediate_queue_key, stranded)
+    redis.set(queue.intermediate_queue.get_first_seen_key(stranded), time.time() - 120)
+    assert store.rescue_stuck(redis, queue) == [stranded]
     store.announce_failed(redis, settings, [finished])
     store.claim(redis, [queue.name, "inferq.other"], None)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once

@@ -9,13 +9,16 @@ minute and leaves one marked started by a live worker alone until its heartbeat 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis as redis_py
 
+from shared import keys
 from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
+from shared.lifecycle import store
 from shared.settings import Settings
 from tests.test_batching import _runner
 from workers import batching
@@ -27,9 +30,10 @@ def settings(redis_url: str) -> Settings:
     return Settings(redis_url=redis_url)
 
 
-def _submit(redis: redis_py.Redis, settings: Settings, value: float) -> str:
+def _submit(redis: redis_py.Redis, settings: Settings, value: float, retries: int | None = None) -> str:
     payload = json.dumps({"inputs": [value, -value]}).encode()
-    return enqueue_job(QueueCache(redis), settings, Submission("echo", payload, "application/json")).id
+    submission = Submission("echo", payload, "application/json", retries=retries)
+    return enqueue_job(QueueCache(redis), settings, submission).id
 
 
 def _once(real: Callable[..., Any], before: bool) -> Callable[..., Any]:
@@ -68,3 +72,47 @@ def test_a_batch_whose_start_lost_redis_runs_once_redis_is_back(
     assert redis.zcard("rq:wip:inferq.echo") == 0
     assert redis.zcard("rq:finished:inferq.echo") == 6
     assert redis.zcard("rq:failed:inferq.echo") == 0
+
+
+def _strand(redis: redis_py.Redis, cleaner: BatchWorker, job_ids: list[str]) -> None:
+    """Pop ``job_ids`` as a worker that then died would, and let a minute of maintenance pass over them."""
+    queue = cleaner.queues[0]
+    for _ in job_ids:
+        redis.lmove(queue.key, queue.intermediate_queue_key)
+    cleaner.clean_registries()  # RQ's pass notes when it first saw them
+    for job_id in job_ids:  # ...a minute and more ago
+        redis.set(queue.intermediate_queue.get_first_seen_key(job_id), time.time() - 120)
+    cleaner.clean_registries()
+
+
+def test_jobs_a_worker_popped_but_died_before_starting_run_instead_of_failing(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """RQ's cleanup retried them, spending a retry on a run that never was, or failed them with none left."""
+    ids = [_submit(redis, settings, i, retries=0) for i in range(3)]
+    cleaner = BatchWorker({"echo": _runner(max_batch=4)}, connection=redis, settings=settings, name="cleaner")
+    _strand(redis, cleaner, ids)
+    queue = cleaner.queues[0]
+    assert redis.lrange(queue.key, 0, -1) == [i.encode() for i in ids]  # in front, in order
+    assert redis.llen(queue.intermediate_queue_key) == 0
+    assert [get_job_view(redis, i)["status"] for i in ids] == ["queued"] * 3
+    assert redis.zcard("rq:failed:inferq.echo") == 0
+    cleaner.work(burst=True)
+    views = [get_job_view(redis, i) for i in ids]
+    assert [v["result"] for v in views] == [{"output": [float(i), float(-i)]} for i in range(3)]
+
+
+def test_a_job_stranded_again_and_again_is_failed_once_it_was_put_back_the_limit(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """A payload that kills its worker while the batch is prepared ahead must not loop for ever."""
+    job_id = _submit(redis, settings, 1, retries=0)
+    cleaner = BatchWorker({"echo": _runner(max_batch=4)}, connection=redis, settings=settings, name="cleaner")
+    for _ in range(store.RESCUE_LIMIT):
+        _strand(redis, cleaner, [job_id])
+        assert get_job_view(redis, job_id)["status"] == "queued"
+    _strand(redis, cleaner, [job_id])
+    view = get_job_view(redis, job_id)
+    assert view["status"] == "failed" and "intermediate" in view["error"]
+    assert redis.llen(cleaner.queues[0].key) == 0
+    assert redis.ttl(keys.info_key(job_id)) > 0  # the rescue count lives in the info hash, which still expires

@@ -30,8 +30,8 @@ from workers.running import Item, ModelRunner, Prepared, prepare
 
 log = logging.getLogger("workers.batching")
 
-# A prefetched batch waits unstarted in RQ's intermediate list, where RQ's cleanup fails a job left over
-# a minute; one held this long (the batch before it runs long) goes back to the front of its queue.
+# A prefetched batch waits unstarted in RQ's intermediate list, where maintenance takes back a job left
+# over a minute (it would run twice); one held this long (the batch before it runs long) goes back first.
 PREFETCH_HOLD_LIMIT_S = 30.0
 
 

@@ -159,15 +159,19 @@ class BatchWorker(SimpleWorker):
         return True  # fall through: RQ goes on to fail it as usual
 
     def clean_registries(self) -> None:
-        """RQ's maintenance, then the event and webhook its failures never sent (README: every end is told)."""
+        """Jobs popped but never started (their worker died in between) back in their queues, where RQ's cleanup
+        would fail them; RQ's maintenance; the event and webhook its failures never sent (every end is told)."""
         try:
+            for queue in self.queues:
+                if back := store.rescue_stuck(self.connection, queue):
+                    log.warning("worker %s: %d popped, never started job(s) put back: %s", self.name, len(back), back)
             super().clean_registries()
         finally:
             noted, self._abandoned = self._abandoned, []
             store.announce_failed(self.connection, self.settings, noted)
 
     def handle_job_failure(self, job: Any, queue: Any, started_job_registry: Any = None, exc_string: str = "") -> None:
-        """RQ's intermediate-list cleanup fails a job stuck there this way: tell its waiters and webhook too.
+        """RQ's intermediate-list cleanup fails a job stuck there (put back twice already) this way: tell them too.
 
         A job canceled while it sat there (its worker died between the pop and the start) stays canceled.
         """
@@ -311,7 +315,7 @@ class BatchWorker(SimpleWorker):
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            # RQ's cleanup would fail jobs left popped for a minute: they go back once Redis is (_take_back_lost).
+            # Not left to maintenance (a minute or more; longer if the start ran): see _take_back_lost.
             if self._lost is None and self._held is not None:
                 self._lost = (*self._held, [])
             log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
@@ -452,7 +456,7 @@ class BatchWorker(SimpleWorker):
         survive_outage(self._take_back_lost)
 
     def _expire_prefetched(self) -> None:
-        """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue (RQ's cleanup would fail it)."""
+        """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue before maintenance takes it."""
         with self._prefetch_lock:
             ahead = self._prefetched
             if ahead is None or time.monotonic() - ahead.held_since < PREFETCH_HOLD_LIMIT_S:

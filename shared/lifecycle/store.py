@@ -479,6 +479,21 @@ def give_back_held(connection: Redis, qk: QueueKeys, job_ids: Sequence[str]) -> 
     return [_text(i) for i in scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args=list(job_ids))]
 
 
+# Times a job popped but never started is put back (see scripts.RESCUE); after that RQ's cleanup retries or fails it.
+RESCUE_LIMIT = 2
+
+
+def rescue_stuck(connection: Redis, queue: Any) -> list[str]:
+    """Jobs of ``queue`` popped but unstarted for over a minute, by RQ's count, back at the front in order."""
+    stuck, qk = queue.intermediate_queue, layout.queue_keys(queue.name)
+    back = []
+    for job_id in reversed([i for i in stuck.get_job_ids() if stuck.should_be_cleaned_up(i)]):
+        job_keys = [qk.intermediate, qk.queue, layout.job_key(job_id), keys.info_key(job_id)]
+        if scripts.RESCUE(connection, [*job_keys, stuck.get_first_seen_key(job_id)], args=[job_id, RESCUE_LIMIT]):
+            back.append(job_id)
+    return back[::-1]
+
+
 def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
 
