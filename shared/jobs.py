@@ -303,10 +303,10 @@ class _JobFields:
         self.status = status
         self.origin = raw[b"origin"].decode()
         self.worker_name = raw[b"worker_name"].decode() if raw.get(b"worker_name") else None
-        self.created_at = _stamp(raw.get(b"created_at")) or utcnow()
-        self.enqueued_at = _stamp(raw.get(b"enqueued_at"))
-        self.started_at = _stamp(raw.get(b"started_at"))
-        self.ended_at = _stamp(raw.get(b"ended_at"))
+        self.created_at = store.parse_stamp(raw.get(b"created_at")) or utcnow()
+        self.enqueued_at = store.parse_stamp(raw.get(b"enqueued_at"))
+        self.started_at = store.parse_stamp(raw.get(b"started_at"))
+        self.ended_at = store.parse_stamp(raw.get(b"ended_at"))
 
 
 def _result_of(payload: dict[bytes, bytes]) -> tuple[bool, Any]:
@@ -318,14 +318,6 @@ def _result_of(payload: dict[bytes, bytes]) -> tuple[bool, Any]:
         return True, None if raw is None else json.loads(b64decode(raw))
     raw = payload.get(b"exc_string")
     return False, zlib.decompress(b64decode(raw)).decode() if raw else None
-
-
-def _stamp(raw: bytes | None) -> datetime | None:
-    """An RQ timestamp (naive UTC, ``Z``-suffixed) as an aware datetime; None when absent or empty."""
-    if not raw:
-        return None
-    value = datetime.fromisoformat(raw.decode())
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def ended_view(

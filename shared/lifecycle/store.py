@@ -416,7 +416,7 @@ def started(call: StartCall, replies: list[Any]) -> Started:
                 id=job_id,
                 execution_id=execution_id,
                 started_at=call.started_at,
-                enqueued_at=_parse_time(raw.get("enqueued_at")),
+                enqueued_at=parse_stamp(raw.get("enqueued_at")),
                 timeout=_int(raw.get("timeout")),
                 result_ttl=_int(raw.get("result_ttl")),
                 failure_ttl=_int(raw.get("failure_ttl")),
@@ -498,10 +498,13 @@ def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
 
 
-def _parse_time(value: bytes | None) -> datetime | None:
+def parse_stamp(value: bytes | None) -> datetime | None:
+    """An RQ timestamp (naive UTC, ``Z``-suffixed, with or without a fraction) as an aware datetime; None when
+    absent or empty. Read without strptime, as RQ's restore reads it, which cost more than a no-op model."""
     if not value:
         return None
-    try:  # RQ's format, read without strptime (which cost more than the model here)
-        return datetime.fromisoformat(value.decode().rstrip("Z")).replace(tzinfo=UTC)
+    try:
+        parsed = datetime.fromisoformat(value.decode())
     except ValueError:
         return str_to_date(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
