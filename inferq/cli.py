@@ -150,6 +150,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.http_protocol import HttpProtocol
     from shared.models import load_model_configs
 
     settings = _settings(args)
@@ -161,6 +162,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         "port": settings.port,
         "log_level": args.log_level.lower(),
         "backlog": API_BACKLOG,
+        "http": HttpProtocol,
     }
     if settings.api_workers == 1:
         uvicorn.run(create_app(settings), **options)
