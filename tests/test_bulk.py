@@ -243,6 +243,19 @@ def test_an_interactive_request_arriving_just_after_the_last_one_runs_before_the
     assert {get_job_view(redis, i)["status"] for i in [first, *later, *bulk_ids]} == {"finished"}
 
 
+def test_a_burst_worker_whose_queues_ran_dry_stops_without_a_blocking_wait(
+    redis_url: str, redis: redis_py.Redis
+) -> None:
+    """The anticipation window is for a bulk chunk that waits. With none, `--burst` ends after its last batch:
+    it used to block on the interactive queue for the window (plus Redis's timeout resolution) first."""
+    settings = Settings(redis_url=redis_url, bulk_anticipate_ms=500)
+    job_ids = [_submit(redis, settings, keys.INTERACTIVE, i) for i in range(6)]  # two batches of 4 and 2
+    redis.config_resetstat()
+    _worker(redis, settings, "dry").work(burst=True)
+    assert "cmdstat_blmove" not in redis.info("commandstats")
+    assert {get_job_view(redis, i)["status"] for i in job_ids} == {"finished"}
+
+
 class _Receiver(BaseHTTPRequestHandler):
     bodies: list[dict[str, Any]] = []
 

@@ -256,11 +256,13 @@ class BatchWorker(SimpleWorker):
         block_on = self.queues[0].name if models == 1 else None
         claimed = None
         if self._since_bulk > 0 and not bulk_first and self.settings.bulk_anticipate_ms > 0:
-            # The last batch was interactive: its client's next request gets a moment to arrive before a
-            # bulk chunk (a batch of max_batch items) takes the model (INFERQ_BULK_ANTICIPATE_MS).
-            with contextlib.suppress(DequeueTimeout):
-                anticipate_s = self.settings.bulk_anticipate_ms / 1000
-                claimed = store.claim(self.connection, [q.name for q in interactive], anticipate_s, block_on)
+            # The last batch was interactive: its client's next request gets a moment to arrive before a waiting
+            # bulk chunk takes the model (INFERQ_BULK_ANTICIPATE_MS); with none waiting, a --burst worker stops now.
+            names = [q.name for q in interactive]
+            claimed = store.claim(self.connection, names, None)
+            if claimed is None and store.any_waiting(self.connection, [q.name for q in bulk]):
+                with contextlib.suppress(DequeueTimeout):
+                    claimed = store.claim(self.connection, names, self.settings.bulk_anticipate_ms / 1000, block_on)
         if claimed is None:
             claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
         if claimed is None:

@@ -291,6 +291,11 @@ def claim(
         pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
 
 
+def any_waiting(connection: Redis, queue_names: Sequence[str]) -> bool:
+    """Whether any of ``queue_names`` holds a job: an RQ queue's list exists only while it does."""
+    return bool(connection.exists(*(layout.queue_keys(n).queue for n in queue_names)))
+
+
 def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:
