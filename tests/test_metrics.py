@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -19,7 +20,9 @@ from shared.rqjson import JSONJob
 from shared.settings import Settings
 from tests.support import POISON
 from tests.test_batching import _runner, _submit
+from workers import batching
 from workers.batching import BatchWorker
+from workers.running import ModelRunner, run_batch
 
 AGREED = {
     "inferq_queue_depth": ("gauge", {"model", "lane"}),
@@ -79,6 +82,31 @@ def test_every_way_a_job_ends_is_counted_once_where_it_is_written(redis: redis_p
     assert "poison value" in failures[0]["error"]
     for key in redis.keys(f"{keys.PREFIX}:metrics:*"):
         assert redis.ttl(key) > 0, key
+
+
+def test_jobs_that_do_not_end_in_their_batch_add_nothing_to_its_metrics(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finish adds a batch's metrics ready-summed, and recounts them when some job did not end there."""
+    ids = [_submit(redis, settings, [i, i]) for i in range(4)]
+    ids.append(_submit(redis, settings, [POISON, POISON]))
+    worker = BatchWorker({"echo": _runner(8)}, connection=redis, settings=settings, name="recount")
+
+    def run_then_lose_two(runner: ModelRunner, items: list[Any]) -> Any:
+        report = run_batch(runner, items)
+        cancel_job(QueueCache(redis), settings, ids[0])  # canceled while its batch ran: the cancel counts it
+        redis.delete(JSONJob.key_for(ids[1]))  # lost mid-batch (a restart without persistence)
+        return report
+
+    monkeypatch.setattr(batching, "run_batch", run_then_lose_two)
+    worker.work(burst=True)
+    totals = _totals(redis)
+    assert metrics.counters(totals, metrics.ENDED) == {"finished": 2, "failed": 1, "canceled": 1}
+    assert metrics.counters(totals, metrics.FAILED) == {"ModelError": 1}
+    for name, _, buckets, _ in metrics.JOB_HISTOGRAMS:  # the three that ended in the batch
+        assert metrics.histogram(totals, name, buckets).count == 3, name
+    batch = metrics.histogram(totals, "batch", metrics.BATCH_BUCKETS)
+    assert (batch.count, batch.sum) == (1, 5)
 
 
 def test_a_canceled_bulk_batch_counts_each_item(redis: redis_py.Redis, settings: Settings) -> None:

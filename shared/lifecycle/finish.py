@@ -81,11 +81,14 @@ def finish(
             ]
         )
         entries.append(_entry(outcome, worker_name, pipe, stamps))
+    # What the batch adds if every job ends here (the common case): the script adds it in one step, and
+    # decodes a job's own increments (entry field `m`) only to recount a batch where some job did not end.
+    total = metrics.merge([batch_metrics or {}, *(outcome.metrics for outcome in outcomes if outcome.metrics)])
     position = len(pipe)
     fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
     fixed += metrics_keys(keys.model_from_queue(qk.name))
     args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *metrics_args()]
-    args += [metrics.encode(batch_metrics or {}), *_template(settings), *entries]
+    args += [metrics.encode(batch_metrics or {}), metrics.encode(total), *_template(settings), *entries]
     scripts.FINISH(pipe, fixed, per_job, args)
     return FinishCall(position)
 
@@ -139,7 +142,7 @@ def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[date
     if outcome.lines is not None:
         entry |= {"lines": outcome.lines, "moved": outcome.moved}
     if outcome.metrics:
-        entry["m"] = outcome.metrics
+        entry["m"] = orjson.dumps(outcome.metrics).decode()  # a string: the script decodes it only to recount
     if outcome.failures:
         entry["f"] = outcome.failures
     if outcome.view is not None:

@@ -182,10 +182,11 @@ return out
 # client canceled, RQ's maintenance failed or requeued, or another worker took over meanwhile keeps
 # that state (its result is dropped); the rest get their status, RQ result, registry entry and info,
 # then their event and webhook. The execution always leaves; the input too unless the job will run
-# again. Each job that ends here adds its metrics (entry field `m`; failures `f`), the batch its own.
+# again. Each job that ends here adds its metrics (entry field `m`, JSON in a string; failures `f`), the
+# batch its own: the sum of all of them comes ready-made, and is recounted only if some job did not end.
 # Returns {vanished ids, superseded ids}.
-# ARGV: now, channel, worker, working seconds, metrics group, the batch's metrics (JSON), delivery
-# template, then one JSON entry per job.
+# ARGV: now, channel, worker, working seconds, metrics group, the batch's own metrics (JSON), those plus
+# every job's (JSON), delivery template, then one JSON entry per job.
 FINISH = Script(
     "finish",
     ("started", "finished", "failed", "hook_queue", "queues", "worker", "metrics", "window", "failures"),
@@ -207,8 +208,10 @@ FINISH = Script(
     + """
 local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local m, after_metrics = read_metrics(5)
-local acc = cjson.decode(ARGV[after_metrics])
-local tpl, at = read_template(after_metrics + 1)
+-- The batch's own metrics with every job's added: right unless some job does not end here (recounted below).
+local acc = cjson.decode(ARGV[after_metrics + 1])
+local all_ended, ended_metrics = true, {}
+local tpl, at = read_template(after_metrics + 2)
 local function flat(t)
   local out = {}
   for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
@@ -227,12 +230,14 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local h = redis.call('HMGET', job, 'origin', 'status', 'worker_name')
   if not h[1] then
     vanished[#vanished + 1] = j.id
+    all_ended = false
   else
     local status = h[2]
     local mine = status == 'started' and h[3] == worker
     local f = mine and redis.call('HMGET', info, 'canceled', 'announced', 'webhook')  -- one read for announce
     if not mine or f[1] then
       superseded[#superseded + 1] = j.id
+      all_ended = false
       keep_input = status == 'queued' or (status == 'started' and not mine)
     else
       redis.call('HSET', job, 'status', j.status, 'ended_at', j.ended_at)
@@ -246,7 +251,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1
-      if j.m then metrics_add(acc, j.m) end
+      if j.m then ended_metrics[#ended_metrics + 1] = j.m end
       if j.f then
         for _, record in ipairs(j.f) do note_failure(KEYS[9], m, record) end
       end
@@ -270,6 +275,10 @@ call_many('ZADD', KEYS[2], done)
 call_many('ZADD', KEYS[3], failed)
 call_many('ZREM', KEYS[1], running)
 call_many('DEL', false, gone)
+if not all_ended then
+  acc = cjson.decode(ARGV[after_metrics])
+  for _, incs in ipairs(ended_metrics) do metrics_add(acc, cjson.decode(incs)) end
+end
 if counts.finished > 0 then redis.call('HINCRBY', KEYS[6], 'successful_job_count', counts.finished) end
 if counts.failed > 0 then redis.call('HINCRBY', KEYS[6], 'failed_job_count', counts.failed) end
 redis.call('HINCRBYFLOAT', KEYS[6], 'total_working_time', working)
