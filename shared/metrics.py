@@ -112,9 +112,9 @@ def observe(acc: Increments, name: str, value: float, buckets: tuple[float, ...]
     """Add ``weight`` observations of ``value`` to histogram ``name`` in ``acc``."""
     per_bucket, total, count_ = _fields(name, len(buckets))
     bucket = per_bucket[bisect.bisect_left(buckets, value)]  # le: a value equal to a bound falls in that bucket
-    acc[bucket] = acc.get(bucket, 0.0) + weight
-    acc[total] = acc.get(total, 0.0) + value * weight
-    acc[count_] = acc.get(count_, 0.0) + weight
+    add(acc, bucket, weight)
+    add(acc, total, value * weight)
+    add(acc, count_, weight)
 
 
 def add(acc: Increments, name: str, value: float) -> None:

@@ -208,9 +208,7 @@ FINISH = Script(
     + """
 local now_s, channel, worker, working = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local m, after_metrics = read_metrics(5)
--- The batch's own metrics with every job's added: right unless some job does not end here (recounted below).
-local acc = cjson.decode(ARGV[after_metrics + 1])
-local all_ended, ended_metrics = true, {}
+local ended_metrics = {}
 local tpl, at = read_template(after_metrics + 2)
 local function flat(t)
   local out = {}
@@ -230,14 +228,12 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local h = redis.call('HMGET', job, 'origin', 'status', 'worker_name')
   if not h[1] then
     vanished[#vanished + 1] = j.id
-    all_ended = false
   else
     local status = h[2]
     local mine = status == 'started' and h[3] == worker
     local f = mine and redis.call('HMGET', info, 'canceled', 'announced', 'webhook')  -- one read for announce
     if not mine or f[1] then
       superseded[#superseded + 1] = j.id
-      all_ended = false
       keep_input = status == 'queued' or (status == 'started' and not mine)
     else
       redis.call('HSET', job, 'status', j.status, 'ended_at', j.ended_at)
@@ -275,7 +271,12 @@ call_many('ZADD', KEYS[2], done)
 call_many('ZADD', KEYS[3], failed)
 call_many('ZREM', KEYS[1], running)
 call_many('DEL', false, gone)
-if not all_ended then
+-- Every job ended here (the common case): the batch's own metrics and every job's come summed. Otherwise
+-- the batch's own, plus those of the jobs that did end.
+local acc
+if #vanished + #superseded == 0 then
+  acc = cjson.decode(ARGV[after_metrics + 1])
+else
   acc = cjson.decode(ARGV[after_metrics])
   for _, incs in ipairs(ended_metrics) do metrics_add(acc, cjson.decode(incs)) end
 end
