@@ -11,8 +11,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
-from redis import Redis
-from redis.asyncio import BlockingConnectionPool
 from starlette.staticfiles import StaticFiles
 
 from api import errors
@@ -22,6 +20,7 @@ from api.events import EventHub
 from api.routers import batches, deployment, health, jobs, models, status
 from api.routers import metrics as metrics_router
 from api.routers.v2 import router as v2_router
+from shared import connections
 from shared.errors import ConfigError
 from shared.gc_tuning import tune_for_serving
 from shared.jobs import QueueCache
@@ -56,10 +55,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
-        connection = Redis.from_url(redis_url, health_check_interval=30)
-        pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_POOL_SIZE, health_check_interval=30)
-        aredis = AutoPipelinedRedis(connection_pool=pool)
-        hub = EventHub(redis_url)
+        timeout_s = settings.redis_timeout_s
+        connection = connections.connect(redis_url, timeout_s)
+        pool = connections.async_pool(redis_url, timeout_s, max_connections=REDIS_POOL_SIZE)
+        aredis = AutoPipelinedRedis(connection_pool=pool, deadline_s=timeout_s, settings=settings)
+        hub = EventHub(redis_url, timeout_s)
         await hub.start()
         app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
         flusher = metrics_router.Flusher(connection, request_counts)

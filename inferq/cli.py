@@ -13,7 +13,6 @@ import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from inferq import bulk as bulk_cli
 from inferq.client import (
@@ -29,6 +28,7 @@ from inferq.client import (
     WaitTimeout,
 )
 from inferq.supervisor import EXIT_CONFIG
+from shared.connections import redact
 from shared.errors import AppError, ConfigError
 from shared.settings import Settings, get_settings
 
@@ -127,15 +127,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings.model_copy(update=overrides) if overrides else settings
 
 
-def redact(url: str) -> str:
-    """A Redis URL without its password, for printing."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def _unique_name(prefix: str) -> str:
     return f"{prefix}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
@@ -187,8 +178,8 @@ def _raise_open_files_limit() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from redis import Redis
-
+    from shared import connections
+    from shared.lifecycle.store import BLOCK_SLICE_S
     from shared.models import load_model_configs
     from shared.rqjson import check_rq_version, refuse_pickle
     from workers.batching import BatchWorker
@@ -219,7 +210,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,
-        connection=Redis.from_url(url),
+        # Its socket timeout outlasts its longest blocking wait (a claim's BLMOVE slice), and no more.
+        connection=connections.connect(url, max(settings.redis_timeout_s, BLOCK_SLICE_S + 1.5)),
         settings=settings,
         max_wait_ms=max_wait_ms,
         name=args.name or _unique_name("+".join(names)),
@@ -237,25 +229,23 @@ def _report_invalid(configs: ModelRepository) -> None:
 
 
 def cmd_webhooks(args: argparse.Namespace) -> int:
-    from redis import Redis
-
+    from shared import connections
     from shared.rqjson import refuse_pickle
     from workers.webhooks import webhook_worker
 
     settings = get_settings()
     url = _require_redis(settings)
     refuse_pickle()
-    worker = webhook_worker(Redis.from_url(url), settings, name=args.name or _unique_name("webhooks"))
+    connection = connections.connect(url, settings.redis_timeout_s)
+    worker = webhook_worker(connection, settings, name=args.name or _unique_name("webhooks"))
     worker.work(burst=args.burst, with_scheduler=True, logging_level=args.log_level)
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from redis import Redis
-
     from inferq.leftovers import clear_leftovers
     from inferq.supervisor import Child, Supervisor
-    from shared import keys
+    from shared import connections, keys
     from shared.models import load_model_configs
     from shared.redis_server import RedisServer
 
@@ -269,7 +259,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         env["INFERQ_REDIS_URL"] = server.url
     redis_url = env["INFERQ_REDIS_URL"]
     try:
-        with Redis.from_url(redis_url) as connection:
+        with connections.connect(redis_url, settings.redis_timeout_s) as connection:
             cleared = clear_leftovers(connection, [keys.queue_name(name) for name in configs])
         if cleared.workers or cleared.scheduler_locks:
             log.info(
@@ -306,7 +296,7 @@ def _print_banner(
         f"  Redis:   {redact(redis_url)}" + (f"  (its data and port stay in {server.data_dir})" if server else ""),
         f"  models:  {', '.join(configs) or 'none'}",
         *(f"  left out: {name}: {error}" for name, error in configs.invalid.items()),
-        f"  queues:  {_tool('rq')} info -u {url}",
+        f"  queues:  {_rq_info(redis_url, url)}",
     ]
     if _tool("rq-dashboard") != "rq-dashboard":
         lines.append(f"  dashboard: {_tool('rq-dashboard')} --redis-url {url} --json, then http://127.0.0.1:9181")
@@ -316,6 +306,16 @@ def _print_banner(
         f"Ctrl-C stops everything; running batches get up to {grace_s:g} s to finish (Ctrl-C again: stop now)."
     )
     print("\n".join(lines), flush=True)
+
+
+def _rq_info(redis_url: str, shown: str) -> str:
+    """The ``rq info`` command for this Redis: ``-u`` takes a plain URL; a Sentinel group needs rq's config module."""
+    from shared.connections import parse
+
+    if not parse(redis_url).is_sentinel:
+        return f"{_tool('rq')} info -u {shown}"
+    value = shown if shown.startswith('"') else shlex.quote(shown)
+    return f"INFERQ_REDIS_URL={value} {_tool('rq')} info -c inferq.rqconfig"
 
 
 def _tool(name: str) -> str:

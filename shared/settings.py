@@ -34,8 +34,18 @@ class Settings(BaseSettings):
     # No NaN or infinity anywhere: every float here is a duration, and NaN passes no comparison.
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
 
-    # None: `inferq up` starts a private redis-server and exports its URL to its children.
+    # None: `inferq up` starts a private redis-server and exports its URL to its children. redis://, rediss://,
+    # unix://, or redis+sentinel://host:port[,host:port...]/service_name[/db] (shared/connections.py).
     redis_url: str | None = None
+    # How long any Redis call may take: past it the API answers 503 + Retry-After and a worker treats Redis as
+    # unavailable (and waits it out). Also the connect timeout; keepalive finds dead idle connections.
+    redis_timeout_s: float = Field(default=3.0, ge=0.1, le=60)
+    # What a 202, a cancel's 200 and a job's end event promise (shared/durability.py): "async" (Redis has it),
+    # "replica" (WAIT: durability_replicas replicas have it), "fsync" (WAITAOF: the primary's AOF has it on disk).
+    durability: Literal["async", "replica", "fsync"] = "async"
+    durability_replicas: int = Field(default=1, ge=1, le=16)
+    # How long a write may wait for its confirmation before it is answered 503 (it must fit in redis_timeout_s).
+    durability_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     # API processes sharing the port (`inferq api --workers`), each with its own Redis clients and subscriber.
@@ -136,6 +146,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"INFERQ_RESULT_TTL_S ({self.result_ttl_s}) is above INFERQ_MAX_RESULT_TTL_S"
                 f" ({self.max_result_ttl_s}): the default must be a result_ttl a client may ask for"
+            )
+        if self.durability != "async" and self.durability_timeout_ms / 1000 >= self.redis_timeout_s:
+            raise ValueError(
+                f"INFERQ_DURABILITY_TIMEOUT_MS ({self.durability_timeout_ms}) must be below INFERQ_REDIS_TIMEOUT_S"
+                f" ({self.redis_timeout_s:g} s): a WAIT that outlasts the Redis timeout would be answered 503 anyway"
             )
         if self.failure_ttl_s < self.job_timeout_s:
             raise ValueError(
