@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import redis
 import torch
 from rq.queue import Queue
 from rq.utils import now
@@ -123,15 +121,6 @@ def prepare_aside(runner: ModelRunner, items: list[Item]) -> Prepared:
 def jobs_of(items: list[Item]) -> list[Claimed]:
     """The batch's jobs, once each: the items of a bulk chunk share theirs."""
     return list({id(item.job): item.job for item in items}.values())
-
-
-def survive_outage(call: Any) -> None:
-    """Run a housekeeping call; while Redis is away, skip it rather than let RQ's loop quit."""
-    try:
-        call()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
-        time.sleep(0.5)
 
 
 class Finisher:

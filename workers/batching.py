@@ -34,6 +34,7 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, metrics
+from shared.connections import is_unavailable
 from shared.lifecycle import bulk, finish, layout, store
 from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
@@ -47,8 +48,8 @@ from workers.batch_parts import (
     jobs_of,
     prepare_aside,
     same_jobs,
-    survive_outage,
 )
+from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
 from workers.running import (
     BatchReport,
@@ -96,6 +97,10 @@ class BatchWorker(SimpleWorker):
         )
         self.runners = runners
         self.settings = settings
+        # Redis being down, full, busy or demoted is waited out (workers/outage.py): the main loop's and the
+        # finisher thread's own backoffs.
+        self.outage = Outage(f"worker {self.name}")
+        self._finish_outage = Outage(f"worker {self.name} (storing results)")
         self.max_wait_ms = max_wait_ms
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
@@ -128,9 +133,18 @@ class BatchWorker(SimpleWorker):
         self.batches_prefetched = 0
 
     # -- RQ loop, with fewer round trips ---------------------------------------------------
+    def _set_connection(self, connection: Redis) -> Redis:
+        """Keep the connection's short socket timeout: RQ raises it past its own blocking dequeue (which this
+        worker never uses: its blocking waits are BLOCK_SLICE_S at most), and a frozen connection would then
+        hang the worker for half a minute."""
+        return connection
+
     def register_birth(self) -> None:
-        super().register_birth()
-        register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
+        def birth() -> None:
+            super(BatchWorker, self).register_birth()
+            register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
+
+        self.outage.wait(birth, "registering")
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
@@ -141,16 +155,16 @@ class BatchWorker(SimpleWorker):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
-            survive_outage(pipe.execute)
+            self.outage.skip(pipe.execute, "sending a heartbeat")
 
     def check_for_suspension(self, burst: bool) -> None:
         if time.monotonic() - self._suspension_checked_at < self.suspension_check_interval_s:
             return
         self._suspension_checked_at = time.monotonic()
-        survive_outage(lambda: super(BatchWorker, self).check_for_suspension(burst))
+        self.outage.skip(lambda: super(BatchWorker, self).check_for_suspension(burst), "checking for suspension")
 
     def run_maintenance_tasks(self) -> None:
-        survive_outage(super().run_maintenance_tasks)
+        self.outage.skip(super().run_maintenance_tasks, "running maintenance")
 
     def _note_abandoned(self, job: Any, exc_type: type, exc_value: BaseException, tb: Any) -> bool:
         """RQ's cleanup calls this before it retries or fails a dead worker's job; note the ones it will fail."""
@@ -191,7 +205,7 @@ class BatchWorker(SimpleWorker):
             self._finisher.wait()
         except Exception:
             log.exception("worker %s: the last batch's results could not be stored", self.name)
-        super().teardown()
+        self.outage.skip(super().teardown, "registering its end")
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
@@ -205,15 +219,14 @@ class BatchWorker(SimpleWorker):
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
         """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
-        survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
+        self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
         ready = self._take_prefetched()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
             self._ready = ready
-            survive_outage(self.heartbeat)
+            self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
-        wait_s = 1.0
         idle_since = now()
         idle_left = max_idle_time
         while True:
@@ -225,6 +238,7 @@ class BatchWorker(SimpleWorker):
                 if timeout is not None and idle_left is not None:
                     timeout = min(timeout, idle_left)
                 claimed = self._claim(timeout)
+                self.outage.ok()
                 if claimed is None:
                     return None
                 job_id, queue = claimed
@@ -235,10 +249,10 @@ class BatchWorker(SimpleWorker):
                     idle_left = math.ceil(max_idle_time - (now() - idle_since).total_seconds())
                     if idle_left <= 0:
                         return None
-            except redis.exceptions.ConnectionError as exc:
-                log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, wait_s)
-                time.sleep(wait_s)
-                wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    raise
+                time.sleep(self.outage.saw(exc, "waiting for work"))
 
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
         """The next job, moved into its queue's intermediate list in one step; None when empty (burst).
@@ -316,12 +330,13 @@ class BatchWorker(SimpleWorker):
         try:
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except redis.exceptions.RedisError as exc:
+            if not is_unavailable(exc):
+                raise
             # Not left to maintenance (a minute or more; longer if the start ran): see _take_back_lost.
             if self._lost is None and self._held is not None:
                 self._lost = (*self._held, [])
-            log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
-            time.sleep(1.0)
+            time.sleep(self.outage.saw(exc, "starting a batch"))
             return
         finally:
             self._held = None
@@ -454,8 +469,8 @@ class BatchWorker(SimpleWorker):
         thread = self._prefetch_thread
         if thread is not None:
             thread.join(timeout=30)
-        survive_outage(self._give_back_prefetched)
-        survive_outage(self._take_back_lost)
+        self.outage.skip(self._give_back_prefetched, "giving back a prefetched batch")
+        self.outage.skip(self._take_back_lost, "giving back a batch")
 
     def _expire_prefetched(self) -> None:
         """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue before maintenance takes it."""
@@ -490,18 +505,27 @@ class BatchWorker(SimpleWorker):
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
-        """Results already computed survive a Redis restart: keep trying to store them."""
-        wait_s, deadline = 0.2, time.monotonic() + give_up_s
+        """Results already computed survive Redis being down, full or busy: keep trying to store them.
+
+        Given up after ``give_up_s`` (or at once for an error Redis will repeat): the worker carries on, and the
+        batch's jobs, still started, are run again by maintenance once their heartbeat lapses.
+        """
+        deadline = time.monotonic() + give_up_s
         while True:
             try:
                 write()
+                self._finish_outage.ok()
                 return
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    log.exception("worker %s: Redis refused a batch's results; its jobs will run again", self.name)
+                    return
                 if time.monotonic() > deadline:
-                    raise
-                log.warning("worker %s: cannot store results (%s); retrying in %.1f s", self.name, exc, wait_s)
-                time.sleep(wait_s)
-                wait_s = min(wait_s * 2, 5.0)
+                    log.error(
+                        "worker %s: results not stored within %g s; the jobs will run again", self.name, give_up_s
+                    )
+                    return
+                time.sleep(self._finish_outage.saw(exc, "storing results"))
 
     def _collect(self, queue: Queue, first_id: str, max_batch: int) -> list[str]:
         """The first job plus what is already waiting; with max_wait_ms, wait for more."""
