@@ -161,3 +161,18 @@ def test_inferq_worker_exits_at_once_with_one_line(tmp_path: Path, redis_url: st
         f"inferq: model 'broken': weights file {models / 'broken' / 'gone.pt2'} does not exist"
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_hugging_face_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
+    # transformers builds a tokenizer of its five special tokens from config.json alone: every word became
+    # [UNK], and different texts got identical embeddings.
+    write_bert(tmp_path / "hf", labels=None)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "hf" / name).unlink()
+    write_config(tmp_path, handler="text_embedding", format="huggingface", weights="hf", input={"kind": "text"})
+    assert _error(tmp_path) == (
+        f"model '{tmp_path.name}': the tokenizer in {tmp_path / 'hf'} knows no words, only its 5 special tokens "
+        "(are its files missing? save_pretrained writes tokenizer.json or vocab.txt): every text would read as "
+        "unknown words and get the same result; save the model's tokenizer there (tokenizer.save_pretrained) "
+        'or name its folder in the config\'s "tokenizer"'
+    )

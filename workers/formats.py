@@ -196,6 +196,17 @@ def load_tokenizer(config: ModelConfig) -> Any:
     if not folder.exists():
         raise ConfigError(f"model {config.name!r}: tokenizer {folder} does not exist")
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
         raise ConfigError(f"model {config.name!r}: cannot load the tokenizer in {folder}: {_first_line(exc)}") from exc
+    # Without its files, transformers still builds the tokenizer config.json names, with only its special
+    # tokens: every word becomes the unknown token, and every text the same input.
+    special = set(tokenizer.all_special_tokens)
+    if set(tokenizer.get_vocab()) <= special:
+        raise ConfigError(
+            f"model {config.name!r}: the tokenizer in {folder} knows no words, only its {len(special)} special tokens "
+            "(are its files missing? save_pretrained writes tokenizer.json or vocab.txt): every text would read as "
+            "unknown words and get the same result; save the model's tokenizer there (tokenizer.save_pretrained) "
+            'or name its folder in the config\'s "tokenizer"'
+        )
+    return tokenizer
