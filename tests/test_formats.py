@@ -176,3 +176,20 @@ def test_a_hugging_face_folder_without_tokenizer_files_is_refused(tmp_path: Path
         "unknown words and get the same result; save the model's tokenizer there (tokenizer.save_pretrained) "
         'or name its folder in the config\'s "tokenizer"'
     )
+
+
+def test_a_text_classifier_on_a_checkpoint_without_its_head_is_refused(tmp_path: Path) -> None:
+    # transformers fills a missing head with random weights, new at every start: two workers disagreed.
+    write_bert(tmp_path / "hf", labels=None)  # an encoder saved without a classification head (nor pooler)
+    write_config(tmp_path, handler="text_classifier", format="huggingface", weights="hf", input={"kind": "text"})
+    assert _error(tmp_path) == (
+        f"model '{tmp_path.name}': {tmp_path / 'hf'} has no weights for bert.pooler.dense.bias, "
+        "bert.pooler.dense.weight, classifier.bias, classifier.weight: AutoModelForSequenceClassification would "
+        "fill them at random, differently at every start; save the trained model there (save_pretrained), or "
+        "serve the checkpoint with a handler that does not need them"
+    )
+    # The embedding handler never runs the pooler (its result is the masked mean): the same folder serves it.
+    write_config(tmp_path, handler="text_embedding", format="huggingface", weights="hf", input={"kind": "text"})
+    (first,) = load_runner(load_model_config(tmp_path), CPU, 4).handler.run([(b"a lazy dog", "text/plain")])
+    (again,) = load_runner(load_model_config(tmp_path), CPU, 4).handler.run([(b"a lazy dog", "text/plain")])
+    assert first == again
