@@ -215,7 +215,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         device = resolve_device(args.device or (settings.device if config.device == "auto" else config.device))
         max_batch = min(config.max_batch, args.max_batch or settings.max_batch or config.max_batch)
         runners[name] = load_runner(config, device, max_batch, max_image_pixels=settings.max_image_pixels)
-        log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, max_batch)
+        log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, runners[name].max_batch)
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,

@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from shared.errors import ConfigError
 from shared.models import load_model_config
-from tests.builders import IMAGE_INPUT, cnn_in_every_format, sentences, small_cnn, write_bert, write_config
+from tests.builders import (
+    IMAGE_INPUT,
+    cnn_in_every_format,
+    gray_png,
+    sentences,
+    small_cnn,
+    write_bert,
+    write_config,
+)
 from tests.stack import ROOT
 from workers.running import load_runner
 
@@ -26,21 +33,11 @@ def cnn_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return cnn_in_every_format(tmp_path_factory.mktemp("cnn"))
 
 
-def _png(seed: int) -> bytes:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (8, 8), generator=generator, dtype=torch.uint8).numpy()
-    from io import BytesIO
-
-    buffer = BytesIO()
-    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 @pytest.mark.parametrize("fmt", ["export", "safetensors", "torchscript", "onnx"])
 def test_every_format_gives_the_models_own_answer(cnn_folders: dict[str, Path], fmt: str) -> None:
     config = load_model_config(cnn_folders[fmt])
     runner = load_runner(config, CPU, 8)
-    images = [_png(seed) for seed in range(6)]
+    images = [gray_png(seed) for seed in range(6)]
     results = runner.handler.run([(image, "image/png") for image in images])
     model = small_cnn()
     for image, result in zip(images, results, strict=True):
@@ -87,7 +84,7 @@ def test_compile_and_warmup_run_before_the_first_job(cnn_folders: dict[str, Path
     runner = load_runner(load_model_config(folder), CPU, 4)
     assert type(runner.handler.model).__name__ == "OptimizedModule"
     eager = load_runner(load_model_config(cnn_folders["export"]), CPU, 4)
-    payloads = [(_png(seed), "image/png") for seed in range(3)]
+    payloads = [(gray_png(seed), "image/png") for seed in range(3)]
     assert runner.handler.run(payloads) == eager.handler.run(payloads)
 
 

@@ -132,7 +132,7 @@ class Handler:
         return None
 
     def warmup_payload(self) -> tuple[bytes, str] | None:
-        """A valid request payload and content type for warm-up runs; None if the handler cannot make one."""
+        """A valid request payload and content type for warm-up runs and the check that the model batches; or None."""
         return None
 
     def run(self, payloads: list[tuple[bytes, str]]) -> list[Any]:
