@@ -308,10 +308,12 @@ def _print_banner(
         *(f"  left out: {name}: {error}" for name, error in configs.invalid.items()),
         f"  queues:  {_tool('rq')} info -u {url}",
     ]
+    # rq-dashboard binds every interface by default, and it has no login yet can requeue and delete jobs.
+    dashboard = f"--redis-url {url} --json --bind 127.0.0.1"
     if _tool("rq-dashboard") != "rq-dashboard":
-        lines.append(f"  dashboard: {_tool('rq-dashboard')} --redis-url {url} --json, then http://127.0.0.1:9181")
+        lines.append(f"  dashboard: {_tool('rq-dashboard')} {dashboard}, then http://127.0.0.1:9181")
     else:
-        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard --redis-url {url} --json")
+        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard {dashboard}")
     lines.append(
         f"Ctrl-C stops everything; running batches get up to {grace_s:g} s to finish (Ctrl-C again: stop now)."
     )

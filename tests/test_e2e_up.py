@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from inferq import cli
+from shared.models import ModelRepository
 from shared.redis_server import free_port
+from shared.settings import Settings
 from tests.stack import ROOT, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -125,3 +130,40 @@ def test_up_killed_hard_takes_its_children_and_redis_with_it(tmp_path: Path) -> 
         proc.wait()
     wait_until(lambda: _pids_with(f"redis-server 127.0.0.1:{redis_port.group(1)}") == [], 20, "Redis to stop")
     wait_until(lambda: _pids_with(f"--port {port}") == [], 20, "the API to stop")
+
+
+def _listening_on(port: int) -> set[str]:
+    """The local addresses something listens on at TCP ``port`` (Linux's /proc/net tables)."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # The kernel prints each 32-bit word in host (little-endian) order.
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, words))
+    return found
+
+
+def test_the_dashboard_command_up_prints_listens_on_loopback_only(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # rq-dashboard binds every interface unless told: the printed command served a dashboard with no login,
+    # one that requeues and deletes jobs, to the whole network.
+    cli._print_banner(Settings(redis_url=redis_url), redis_url, ModelRepository({}, {}), None, 30.0)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("dashboard:")]
+    command = line.split("dashboard:", 1)[1].rsplit(", then", 1)[0]
+    port = free_port()
+    with (tmp_path / "dashboard.log").open("wb") as log:
+        # Run as printed; only the port is moved off 9181 (rq-dashboard reads RQ_DASHBOARD_* for any option).
+        dashboard = subprocess.Popen(
+            shlex.split(command), env={**os.environ, "RQ_DASHBOARD_PORT": str(port)}, stdout=log, stderr=log
+        )
+    try:
+        wait_until(lambda: bool(_listening_on(port)), 30, "rq-dashboard to listen")
+        assert _listening_on(port) == {"127.0.0.1"}
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=10)
