@@ -257,18 +257,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     from inferq.supervisor import Child, Supervisor
     from shared import keys
     from shared.models import load_model_configs
-    from shared.redis_server import RedisServer
+    from shared.redis_server import RedisServer, port_in_use
 
     settings = _settings(args)
     configs = load_model_configs(settings.models_dir)
     env = dict(os.environ)
     server = None
     if not settings.redis_url:
-        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True)
+        # Named in the data's lock file: a second `up` on this data refuses with this line.
+        owner = f"inferq up (pid {os.getpid()}, API http://{settings.host}:{settings.port})"
+        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True, owner=owner)
         server.start()
         env["INFERQ_REDIS_URL"] = server.url
     redis_url = env["INFERQ_REDIS_URL"]
     try:
+        # Checked after the data's lock, which names the instance that holds the port when it is this folder's.
+        if settings.port and port_in_use(settings.host, settings.port):
+            raise ConfigError(
+                f"the API's address {settings.host}:{settings.port} is taken by another program; stop it, "
+                "or give inferq another port (--port or INFERQ_PORT)"
+            )
         with Redis.from_url(redis_url) as connection:
             cleared = clear_leftovers(connection, [keys.queue_name(name) for name in configs])
         if cleared.workers or cleared.scheduler_locks:
