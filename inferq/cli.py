@@ -206,7 +206,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         device = resolve_device(args.device or (settings.device if config.device == "auto" else config.device))
         max_batch = min(config.max_batch, args.max_batch or settings.max_batch or config.max_batch)
         runners[name] = load_runner(config, device, max_batch, max_image_pixels=settings.max_image_pixels)
-        log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, max_batch)
+        log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, runners[name].max_batch)
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,
@@ -247,18 +247,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     from inferq.supervisor import Child, Supervisor
     from shared import connections, keys
     from shared.models import load_model_configs
-    from shared.redis_server import RedisServer
+    from shared.redis_server import RedisServer, port_in_use
 
     settings = _settings(args)
     configs = load_model_configs(settings.models_dir)
     env = dict(os.environ)
     server = None
     if not settings.redis_url:
-        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True)
+        # Named in the data's lock file: a second `up` on this data refuses with this line.
+        owner = f"inferq up (pid {os.getpid()}, API http://{settings.host}:{settings.port})"
+        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True, owner=owner)
         server.start()
         env["INFERQ_REDIS_URL"] = server.url
     redis_url = env["INFERQ_REDIS_URL"]
     try:
+        # Checked after the data's lock, which names the instance that holds the port when it is this folder's.
+        if settings.port and port_in_use(settings.host, settings.port):
+            raise ConfigError(
+                f"the API's address {settings.host}:{settings.port} is taken by another program; stop it, "
+                "or give inferq another port (--port or INFERQ_PORT)"
+            )
         with connections.connect(redis_url, settings.redis_timeout_s) as connection:
             cleared = clear_leftovers(connection, [keys.queue_name(name) for name in configs])
         if cleared.workers or cleared.scheduler_locks:
@@ -298,10 +306,12 @@ def _print_banner(
         *(f"  left out: {name}: {error}" for name, error in configs.invalid.items()),
         f"  queues:  {_rq_info(redis_url, url)}",
     ]
+    # rq-dashboard binds every interface by default, and it has no login yet can requeue and delete jobs.
+    dashboard = f"--redis-url {url} --json --bind 127.0.0.1"
     if _tool("rq-dashboard") != "rq-dashboard":
-        lines.append(f"  dashboard: {_tool('rq-dashboard')} --redis-url {url} --json, then http://127.0.0.1:9181")
+        lines.append(f"  dashboard: {_tool('rq-dashboard')} {dashboard}, then http://127.0.0.1:9181")
     else:
-        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard --redis-url {url} --json")
+        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard {dashboard}")
     lines.append(
         f"Ctrl-C stops everything; running batches get up to {grace_s:g} s to finish (Ctrl-C again: stop now)."
     )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import importlib.util
 import logging
+import os
 import re
 import shutil
 import signal
@@ -25,6 +28,9 @@ _BIND_RETRIES = 5
 _LOG_TAIL_BYTES = 2000
 # Beside the data: the port this data directory's server listens on, kept across restarts.
 PORT_FILE = "port"
+# Beside the data: flock-ed by whoever runs a server on it, and by that redis-server, for as long as they run.
+LOCK_FILE = "lock"
+_OWNER_BYTES = 300
 
 
 class RedisServerNotFound(ConfigError):
@@ -77,15 +83,68 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    """Whether nothing listens on host:port now (redis-server sets SO_REUSEADDR, so TIME_WAIT does not count)."""
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why host:port cannot be bound now, if it cannot (with SO_REUSEADDR, as redis-server and uvicorn bind)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+        except OSError as exc:
+            return exc
+        return None
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether nothing listens on host:port now (a port in TIME_WAIT is free)."""
+    return _bind_error(host, port) is None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket holds host:port now (an address this host lacks is another matter)."""
+    error = _bind_error(host, port)
+    return error is not None and error.errno == errno.EADDRINUSE
+
+
+class DataDirInUse(ConfigError):
+    """Another process runs a redis-server on this data directory."""
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on a data directory's lock file, which names its holder.
+
+    The kernel drops it when every process holding it is gone, however it died (kill -9 included).
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self, owner: str) -> None:
+        """Hold the lock and write ``owner`` in its file, or raise DataDirInUse naming who holds it."""
+        if self.fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Empty only in the moment between the holder's flock and its write.
+            holder = os.pread(fd, _OWNER_BYTES, 0).decode(errors="replace").strip() or "a process that is starting"
+            os.close(fd)
+            raise DataDirInUse(
+                f"{self.path.parent} is in use by {holder}; stop it first, or give this one its own INFERQ_DATA_DIR"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        """Close the lock file: the lock is free once no child that inherited it is left either."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class RedisServerError(RuntimeError):
@@ -105,6 +164,7 @@ class RedisServer:
         binary: str | None = None,
         stable_port: bool = False,
         options: Sequence[str] = (),
+        owner: str | None = None,
     ) -> None:
         # Absolute, so the child's --dir does not depend on its working directory.
         self.data_dir = Path(data_dir).resolve()
@@ -117,6 +177,9 @@ class RedisServer:
         self._fixed_port = port is not None
         # Keep the port in data_dir/port, so the URLs and commands printed for this data stay valid.
         self.stable_port = stable_port and port is None
+        # Two servers on one AOF would both append to it: one owner per data directory, named in its lock file.
+        self.owner = owner or f"pid {os.getpid()}"
+        self._lock = DataDirLock(self.data_dir)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -150,6 +213,14 @@ class RedisServer:
             raise RedisServerError(f"redis-server already running (pid {self.pid})")
         binary = self.binary or find_redis_server()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire(self.owner)  # held already when this is a restart
+        try:
+            self._start(binary, timeout_s)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, binary: str, timeout_s: float) -> None:
         stored = self._stored_port() if self.stable_port else None
         # A restart keeps the port this server last had: its clients were given that URL.
         preferred = (self.port or stored) if self.stable_port else None
@@ -176,6 +247,9 @@ class RedisServer:
                     # Its own session: a terminal's Ctrl-C must not stop Redis under workers that are
                     # still storing results; whoever started it stops it, last.
                     start_new_session=True,
+                    # Redis holds the lock too: if we are killed, the data stays locked until Redis, told by
+                    # die_with_parent, has finished writing its AOF and exited.
+                    pass_fds=(self._lock.fd,) if self._lock.fd is not None else (),
                 )
             try:
                 self._wait_ready(timeout_s, log_offset)
@@ -190,7 +264,13 @@ class RedisServer:
                     raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shut the child down cleanly (flushing the AOF); kill it if it will not go."""
+        """Shut the child down cleanly (flushing the AOF), killing it if it will not go; then free the data."""
+        try:
+            self._stop(timeout_s)
+        finally:
+            self._lock.release()
+
+    def _stop(self, timeout_s: float) -> None:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             self._kill()

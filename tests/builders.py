@@ -134,6 +134,29 @@ def small_cnn() -> SmallCNN:
 IMAGE_INPUT = {"kind": "image", "mode": "L", "size": [8, 8], "mean": [0.5], "std": [0.5]}
 
 
+def gray_png(seed: int) -> bytes:
+    """A random 8x8 grayscale PNG, the input SmallCNN takes."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (8, 8), generator=generator, dtype=torch.uint8).numpy()
+    buffer = BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_fixed_batch_cnn(folder: Path) -> Path:
+    """SmallCNN exported as users often do: at batch 1 with no dynamic axis, so it runs batches of 1 only."""
+    write_config(
+        folder, handler="image_classifier", format="export", weights="model.pt2", input=IMAGE_INPUT, max_batch=8
+    )
+    program = torch.export.export(small_cnn(), (torch.zeros(1, 1, 8, 8),))
+    torch.export.save(program, str(folder / "model.pt2"))
+    return folder
+
+
 def write_config(folder: Path, **config: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))

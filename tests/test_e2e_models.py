@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from shared.models import load_model_config
-from tests.builders import cnn_in_every_format, sentences, write_bert, write_config
+from tests.builders import (
+    cnn_in_every_format,
+    gray_png,
+    sentences,
+    write_bert,
+    write_config,
+    write_fixed_batch_cnn,
+)
 from tests.stack import ROOT, Stack, new_stack, serving, train_script
 from workers.running import load_runner
 
@@ -37,6 +44,7 @@ def models_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             max_batch=64,
         )
         shutil.copytree(cnn_in_every_format(running.tmp / "cnn")["export"], models / "cnn")
+        write_fixed_batch_cnn(models / "cnn-fixed")
         write_config(
             models / "ragged",
             handler="tests.builders:Ragged",
@@ -89,6 +97,29 @@ def test_an_exported_model_serves_images(models_stack: Stack, digits_heldout: tu
         )
         assert response.status_code == 200, response.text
         assert response.json()["result"] == runner.handler.run([(png, "image/png")])[0]
+
+
+def test_a_model_exported_for_batches_of_one_serves_each_job_at_batch_one(models_stack: Stack) -> None:
+    """Its jobs said batch_size 4, and its log blamed the data on every batch."""
+    images = [gray_png(seed) for seed in range(4)]
+    ids = []
+    for image in images:
+        response = httpx.post(
+            f"{models_stack.base}/v1/models/cnn-fixed/jobs", files={"file": ("x.png", image, "image/png")}, timeout=10
+        )
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    # Queued first: a worker that could batch would take all four in one pop.
+    worker = models_stack.start_worker("cnn-fixed", name="fixed-worker")
+    views = [_wait(models_stack, job_id) for job_id in ids]
+    assert [view["status"] for view in views] == ["finished"] * 4, [view["error"] for view in views]
+    assert [view["batch_size"] for view in views] == [1] * 4
+    runner = load_runner(load_model_config(models_stack.models_dir / "cnn-fixed"), torch.device("cpu"), 1)
+    assert [view["result"] for view in views] == [runner.handler.run([(i, "image/png")])[0] for i in images]
+    log = models_stack.logs[models_stack.procs.index(worker)].read_text()
+    assert log.count("takes one item at a time") == 1
+    assert "model cnn-fixed (export) loaded on cpu, max batch 1" in log
+    assert "splitting to isolate" not in log
 
 
 def test_outputs_of_different_sizes_come_back_per_job(models_stack: Stack) -> None:

@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from shared.errors import ConfigError
 from shared.models import load_model_config
-from tests.builders import IMAGE_INPUT, cnn_in_every_format, sentences, small_cnn, write_bert, write_config
+from tests.builders import (
+    IMAGE_INPUT,
+    cnn_in_every_format,
+    gray_png,
+    sentences,
+    small_cnn,
+    write_bert,
+    write_config,
+)
 from tests.stack import ROOT
 from workers.running import load_runner
 
@@ -26,21 +33,11 @@ def cnn_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return cnn_in_every_format(tmp_path_factory.mktemp("cnn"))
 
 
-def _png(seed: int) -> bytes:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (8, 8), generator=generator, dtype=torch.uint8).numpy()
-    from io import BytesIO
-
-    buffer = BytesIO()
-    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 @pytest.mark.parametrize("fmt", ["export", "safetensors", "torchscript", "onnx"])
 def test_every_format_gives_the_models_own_answer(cnn_folders: dict[str, Path], fmt: str) -> None:
     config = load_model_config(cnn_folders[fmt])
     runner = load_runner(config, CPU, 8)
-    images = [_png(seed) for seed in range(6)]
+    images = [gray_png(seed) for seed in range(6)]
     results = runner.handler.run([(image, "image/png") for image in images])
     model = small_cnn()
     for image, result in zip(images, results, strict=True):
@@ -87,7 +84,7 @@ def test_compile_and_warmup_run_before_the_first_job(cnn_folders: dict[str, Path
     runner = load_runner(load_model_config(folder), CPU, 4)
     assert type(runner.handler.model).__name__ == "OptimizedModule"
     eager = load_runner(load_model_config(cnn_folders["export"]), CPU, 4)
-    payloads = [(_png(seed), "image/png") for seed in range(3)]
+    payloads = [(gray_png(seed), "image/png") for seed in range(3)]
     assert runner.handler.run(payloads) == eager.handler.run(payloads)
 
 
@@ -161,3 +158,35 @@ def test_inferq_worker_exits_at_once_with_one_line(tmp_path: Path, redis_url: st
         f"inferq: model 'broken': weights file {models / 'broken' / 'gone.pt2'} does not exist"
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_hugging_face_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
+    # transformers builds a tokenizer of its five special tokens from config.json alone: every word became
+    # [UNK], and different texts got identical embeddings.
+    write_bert(tmp_path / "hf", labels=None)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "hf" / name).unlink()
+    write_config(tmp_path, handler="text_embedding", format="huggingface", weights="hf", input={"kind": "text"})
+    assert _error(tmp_path) == (
+        f"model '{tmp_path.name}': the tokenizer in {tmp_path / 'hf'} knows no words, only its 5 special tokens "
+        "(are its files missing? save_pretrained writes tokenizer.json or vocab.txt): every text would read as "
+        "unknown words and get the same result; save the model's tokenizer there (tokenizer.save_pretrained) "
+        'or name its folder in the config\'s "tokenizer"'
+    )
+
+
+def test_a_text_classifier_on_a_checkpoint_without_its_head_is_refused(tmp_path: Path) -> None:
+    # transformers fills a missing head with random weights, new at every start: two workers disagreed.
+    write_bert(tmp_path / "hf", labels=None)  # an encoder saved without a classification head (nor pooler)
+    write_config(tmp_path, handler="text_classifier", format="huggingface", weights="hf", input={"kind": "text"})
+    assert _error(tmp_path) == (
+        f"model '{tmp_path.name}': {tmp_path / 'hf'} has no weights for bert.pooler.dense.bias, "
+        "bert.pooler.dense.weight, classifier.bias, classifier.weight: AutoModelForSequenceClassification would "
+        "fill them at random, differently at every start; save the trained model there (save_pretrained), or "
+        "serve the checkpoint with a handler that does not need them"
+    )
+    # The embedding handler never runs the pooler (its result is the masked mean): the same folder serves it.
+    write_config(tmp_path, handler="text_embedding", format="huggingface", weights="hf", input={"kind": "text"})
+    (first,) = load_runner(load_model_config(tmp_path), CPU, 4).handler.run([(b"a lazy dog", "text/plain")])
+    (again,) = load_runner(load_model_config(tmp_path), CPU, 4).handler.run([(b"a lazy dog", "text/plain")])
+    assert first == again

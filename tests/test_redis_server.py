@@ -135,3 +135,19 @@ def test_redis_runs_in_its_own_session(tmp_path: Path) -> None:
     with RedisServer(tmp_path) as server:
         assert server.pid is not None
         assert os.getsid(server.pid) == server.pid != os.getsid(0)
+
+
+def test_a_data_directory_serves_one_server_at_a_time(tmp_path: Path) -> None:
+    # Two servers on one AOF both appended to it, each with its own copy of the state.
+    with RedisServer(tmp_path, owner="the first") as first:
+        second = RedisServer(tmp_path, owner="the second")
+        with pytest.raises(rs.DataDirInUse) as refused:
+            second.start()
+        assert refused.value.message == (
+            f"{tmp_path} is in use by the first; stop it first, or give this one its own INFERQ_DATA_DIR"
+        )
+        assert not second.is_running()
+        first.stop()
+        first.start()  # a restart keeps the data
+    with second:
+        assert (tmp_path / rs.LOCK_FILE).read_text() == "the second"

@@ -13,7 +13,7 @@ import torch
 
 from shared.errors import InvalidInput
 from shared.models import load_model_config
-from tests.builders import Ragged, sentences, write_bert, write_config
+from tests.builders import Ragged, gray_png, sentences, write_bert, write_config, write_fixed_batch_cnn
 from workers.collation import pad_sequences, split, stack
 from workers.handlers import Handler
 from workers.running import Item, ModelRunner, load_runner, run_batch
@@ -131,6 +131,30 @@ def test_out_of_memory_halves_the_batch_and_lowers_the_ceiling(
     run_batch(runner, more)
     assert handler.forwards - forwards_before == 3  # 3 + 3 + 1 within the ceiling, no failing pass
     assert all(item.error is None for item in more)
+
+
+def test_a_model_exported_for_batches_of_one_runs_them_without_blaming_the_data(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to fail every batch, bisect it ("splitting to isolate the bad item") and run each item alone."""
+    folder = write_fixed_batch_cnn(tmp_path / "fixed")
+    with caplog.at_level(logging.INFO, logger="workers"):
+        runner = load_runner(load_model_config(folder), CPU, 8)
+        items = _items([gray_png(seed) for seed in range(5)], "image/png")
+        report = run_batch(runner, items)
+    assert runner.max_batch == 1
+    assert report.forwards == 5  # one pass per item, none failing
+    assert [item.error for item in items] == [None] * 5
+    assert [item.output for item in items] == [
+        runner.handler.run([(gray_png(seed), "image/png")])[0] for seed in range(5)
+    ]
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert warnings == [
+        "model 'fixed' takes one item at a time: a batch of 2 fails (AssertionError: Guard failed: x.size()[0] == 1) "
+        "where one item runs, so it is served at batch 1, not 8. Its batch axis was fixed when it was exported; "
+        "to batch, export it with a dynamic one: torch.export.export(model, args, "
+        'dynamic_shapes=({0: torch.export.Dim("batch")},)), which workers.formats.save_export does'
+    ]
 
 
 def test_an_uncollate_count_mismatch_fails_the_batch_readably(tmp_path: Path) -> None:

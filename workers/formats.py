@@ -23,12 +23,20 @@ from shared.models import ModelConfig
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# How many of a checkpoint's missing weights a start-up error names.
+_MISSING_SHOWN = 6
 
 
-def load_model(config: ModelConfig, device: torch.device, auto_class: str = "AutoModel") -> Any:
+def load_model(
+    config: ModelConfig,
+    device: torch.device,
+    auto_class: str = "AutoModel",
+    unused_weights: frozenset[str] = frozenset(),
+) -> Any:
     """The model a config names, on ``device`` in the config's dtype, ready for inference.
 
-    ``auto_class`` is the ``transformers`` class a handler wants for Hugging Face folders.
+    ``auto_class`` is the ``transformers`` class a handler wants for Hugging Face folders; ``unused_weights`` names
+    its modules that the handler never runs (``pooler``), which a checkpoint may lack.
     """
     where = f"model {config.name!r}"
     path = config.weights_path
@@ -38,7 +46,10 @@ def load_model(config: ModelConfig, device: torch.device, auto_class: str = "Aut
     elif not path.is_file():
         raise ConfigError(f"{where}: weights file {path} does not exist")
     try:
-        model = _LOADERS[config.format](config, path, device, auto_class)
+        if config.format == "huggingface":
+            model = _huggingface(config, path, auto_class, unused_weights)
+        else:
+            model = _LOADERS[config.format](config, path, device)
     except ConfigError:
         raise
     except Exception as exc:  # torch, onnxruntime and transformers raise many kinds for a bad file
@@ -84,16 +95,16 @@ def save_export(module: torch.nn.Module, example: Any, path: Path | str) -> None
     torch.export.save(program, str(path))
 
 
-def _export(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
+def _export(config: ModelConfig, path: Path, device: torch.device) -> Any:
     # .module() is a GraphModule already traced in eval mode; it refuses .eval().
     return torch.export.load(str(path)).module()
 
 
-def _torchscript(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
+def _torchscript(config: ModelConfig, path: Path, device: torch.device) -> Any:
     return torch.jit.load(str(path), map_location=device).eval()
 
 
-def _safetensors(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
+def _safetensors(config: ModelConfig, path: Path, device: torch.device) -> Any:
     from safetensors.torch import load_file
 
     assert config.module is not None  # load_model_config insists on it for this format
@@ -117,17 +128,31 @@ def _mismatch(exc: RuntimeError) -> str:
     return text[:400] or str(exc)[:400]
 
 
-def _huggingface(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
+def _huggingface(config: ModelConfig, path: Path, auto_class: str, unused_weights: frozenset[str]) -> Any:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a worker's log is not a terminal
     cls = getattr(transformers, auto_class)
     # local_files_only: a folder is all we read; the hub is never asked, even for a missing file.
-    model = cls.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[config.dtype])
+    model, info = cls.from_pretrained(
+        str(path), local_files_only=True, dtype=DTYPES[config.dtype], output_loading_info=True
+    )
+    # transformers initialises what the checkpoint lacks at random (a classifier's head, say) and only warns:
+    # such a model answers differently at every start.
+    missing = sorted(key for key in info["missing_keys"] if not unused_weights & set(key.split(".")))
+    if missing:
+        shown = ", ".join(missing[:_MISSING_SHOWN]) + (
+            f" and {len(missing) - _MISSING_SHOWN} more" if len(missing) > _MISSING_SHOWN else ""
+        )
+        raise ConfigError(
+            f"model {config.name!r}: {path} has no weights for {shown}: {auto_class} would fill them at random, "
+            "differently at every start; save the trained model there (save_pretrained), or serve the checkpoint "
+            "with a handler that does not need them"
+        )
     return model.eval()
 
 
-def _onnx(config: ModelConfig, path: Path, device: torch.device, auto_class: str) -> Any:
+def _onnx(config: ModelConfig, path: Path, device: torch.device) -> Any:
     try:
         import onnxruntime
     except ImportError:
@@ -164,11 +189,10 @@ class OnnxModel:
         return outputs[0] if len(outputs) == 1 else dict(zip(self.output_names, outputs, strict=True))
 
 
-_LOADERS: dict[str, Callable[[ModelConfig, Path, torch.device, str], Any]] = {
+_LOADERS: dict[str, Callable[[ModelConfig, Path, torch.device], Any]] = {
     "export": _export,
     "torchscript": _torchscript,
     "safetensors": _safetensors,
-    "huggingface": _huggingface,
     "onnx": _onnx,
 }
 
@@ -196,6 +220,17 @@ def load_tokenizer(config: ModelConfig) -> Any:
     if not folder.exists():
         raise ConfigError(f"model {config.name!r}: tokenizer {folder} does not exist")
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
         raise ConfigError(f"model {config.name!r}: cannot load the tokenizer in {folder}: {_first_line(exc)}") from exc
+    # Without its files, transformers still builds the tokenizer config.json names, with only its special
+    # tokens: every word becomes the unknown token, and every text the same input.
+    special = set(tokenizer.all_special_tokens)
+    if set(tokenizer.get_vocab()) <= special:
+        raise ConfigError(
+            f"model {config.name!r}: the tokenizer in {folder} knows no words, only its {len(special)} special tokens "
+            "(are its files missing? save_pretrained writes tokenizer.json or vocab.txt): every text would read as "
+            "unknown words and get the same result; save the model's tokenizer there (tokenizer.save_pretrained) "
+            'or name its folder in the config\'s "tokenizer"'
+        )
+    return tokenizer

@@ -92,6 +92,9 @@ class Handler:
 
     # The transformers class a Hugging Face folder is loaded with, for this handler.
     auto_class = "AutoModel"
+    # Modules of that class this handler never runs: a checkpoint may lack their weights (any other missing
+    # weight refuses the folder, since transformers would fill it at random).
+    unused_weights: frozenset[str] = frozenset()
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         self.config = config
@@ -101,7 +104,7 @@ class Handler:
 
     def load(self) -> None:
         """Load the weights once onto the device."""
-        self.model = load_model(self.config, self.device, self.auto_class)
+        self.model = load_model(self.config, self.device, self.auto_class, self.unused_weights)
 
     def preprocess(self, payload: bytes, content_type: str) -> Any:
         """One payload -> one item, on the CPU."""
@@ -129,7 +132,7 @@ class Handler:
         return None
 
     def warmup_payload(self) -> tuple[bytes, str] | None:
-        """A valid request payload and content type for warm-up runs; None if the handler cannot make one."""
+        """A valid request payload and content type for warm-up runs and the check that the model batches; or None."""
         return None
 
     def run(self, payloads: list[tuple[bytes, str]]) -> list[Any]:

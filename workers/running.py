@@ -22,6 +22,8 @@ from workers.collation import CountMismatch, record_stream, signature
 from workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
+# Weight formats stored as a traced graph, whose shapes (the batch axis among them) may have been fixed when saved.
+_GRAPH_FORMATS = ("export", "onnx", "torchscript")
 
 
 class BatchTimeout(BaseException):
@@ -35,7 +37,8 @@ class ModelRunner:
     config: ModelConfig
     handler: Handler
     device: torch.device
-    # The batch ceiling: lowered (and logged) when a batch runs out of memory, so it is not hit again.
+    # The batch ceiling: 1 for a model that cannot batch (found at load), lowered (and logged) when a batch
+    # runs out of memory, so it is not hit again.
     max_batch: int
     warned_shapes: bool = False
 
@@ -289,9 +292,41 @@ def load_runner(config: ModelConfig, device: torch.device, max_batch: int, **han
     except Exception as exc:  # a user's load() can fail in any way
         raise ConfigError(f"model {config.name!r}: loading {config.weights_path} failed: {readable(exc)}") from exc
     runner = ModelRunner(config, handler, device, max(1, max_batch))
+    check_batch_axis(runner)
     if config.warmup or config.compile:
         warm_up(runner)
     return runner
+
+
+def check_batch_axis(runner: ModelRunner) -> None:
+    """A saved graph whose batch axis was fixed at 1 runs at batch 1: its failing batches are not the data's fault."""
+    config, handler = runner.config, runner.handler
+    # Only a saved graph (export, ONNX, TorchScript) can have frozen its batch axis, and a handler that loads
+    # no weights through its config (its own load()) has no such graph: it is never run here.
+    if runner.max_batch < 2 or config.format not in _GRAPH_FORMATS or handler.model is None:
+        return
+    example = handler.warmup_payload()
+    if example is None:
+        return
+    try:
+        handler.run([example] * 2)
+        return
+    except Exception as exc:
+        at_two = exc
+    try:
+        handler.run([example])
+    except Exception:  # it fails alone too: its jobs will say why; nothing here is about batching
+        return
+    log.warning(
+        "model %r takes one item at a time: a batch of 2 fails (%s) where one item runs, so it is served at batch 1, "
+        "not %d. Its batch axis was fixed when it was exported; to batch, export it with a dynamic one: "
+        'torch.export.export(model, args, dynamic_shapes=({0: torch.export.Dim("batch")},)), '
+        "which workers.formats.save_export does",
+        config.name,
+        readable(at_two),
+        runner.max_batch,
+    )
+    runner.max_batch = 1
 
 
 def warm_up(runner: ModelRunner) -> None:
@@ -302,7 +337,7 @@ def warm_up(runner: ModelRunner) -> None:
         raise ConfigError(
             f"model {config.name!r}: warm-up needs an example input; handler {config.handler} has no warmup_payload()"
         )
-    sizes = sorted({1, 2, runner.max_batch} if config.compile else {1, runner.max_batch})
+    sizes = sorted({1, min(2, runner.max_batch), runner.max_batch} if config.compile else {1, runner.max_batch})
     started = time.perf_counter()
     for size in sizes:
         try:

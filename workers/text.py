@@ -88,6 +88,8 @@ class TextEmbedding(TextHandler):
     """An encoder; the result is the mean of its token states over the attention mask, L2-normalised."""
 
     auto_class = "AutoModel"
+    # Its result is the masked mean of the token states: the pooler, which encoders are often saved without, never runs.
+    unused_weights = frozenset({"pooler"})
 
     def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         outputs = self.model(**batch)
