@@ -10,17 +10,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from redis import Redis
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import AppState, State
-from shared import keys, metrics
+from shared import durability, keys, metrics
 from shared.lifecycle import census
 
 log = logging.getLogger(__name__)
@@ -104,10 +107,37 @@ def _write(connection: Redis, counted: metrics.Increments) -> None:
         pipe.execute()
 
 
+class DurabilityCollector(Collector):
+    """What an acknowledgement means here (INFERQ_DURABILITY) and, with ``replica``, whether it can be given now."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        settings = self.state.settings
+        mode = GaugeMetricFamily(
+            "inferq_durability", "What a 202 promises (INFERQ_DURABILITY): 1 for the mode set.", labels=["mode"]
+        )
+        for name in ("async", "replica", "fsync"):
+            mode.add_metric([name], 1.0 if settings.durability == name else 0.0)
+        yield mode
+        replicas, reason = durability.readiness(self.state.redis, settings)
+        if replicas is not None:
+            yield GaugeMetricFamily(
+                "inferq_redis_connected_replicas", "Replicas connected to the Redis primary.", value=replicas
+            )
+            yield GaugeMetricFamily(
+                "inferq_durability_unavailable",
+                "1 while INFERQ_DURABILITY=replica cannot acknowledge (too few replicas): submits answer 503.",
+                value=1.0 if reason else 0.0,
+            )
+
+
 def exposition(state: AppState) -> bytes:
     """One scrape: the cluster read from Redis, written by prometheus_client."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.ClusterCollector(lambda: census.read_cluster(state.redis, sorted(state.models))))
+    registry.register(DurabilityCollector(state))
     return generate_latest(registry)
 
 
