@@ -211,7 +211,7 @@ def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 def _queue_view_reads(pipe: Pipeline | AsyncPipeline, job_id: str) -> None:
     """The reads a job's view is made of, queued in one pipeline (sync or async): one round trip."""
-    if not keys.JOB_ID_RE.match(job_id):
+    if not keys.is_client_job(job_id):
         raise NotFound(f"no job {job_id!r}")
     pipe.hgetall(layout.job_key(job_id))
     pipe.pttl(layout.job_key(job_id))

@@ -111,6 +111,25 @@ def test_an_upload_with_no_valid_line_is_refused_whole(bulk_stack: Stack) -> Non
     assert "line 1" in response.json()["error"]["message"]
 
 
+def test_a_chunk_is_no_job_to_clients_and_its_batch_still_ends(bulk_stack: Stack) -> None:
+    """A chunk's id is predictable (``batch-<batch id>-<n>``): every job route answers 404 for it."""
+    accepted = upload(bulk_stack, "slow", jsonl(items(3, "chunked")))
+    job_url = f"{bulk_stack.base}/v1/jobs/{keys.chunk_id(accepted['id'], 0)}"
+    # The cancel before the events: on a chunk left queued the event stream would not end.
+    for method, url in (("GET", job_url), ("GET", f"{job_url}?wait=1"), ("POST", f"{job_url}/cancel")):
+        response = httpx.request(method, url, timeout=10)
+        assert response.status_code == 404, (method, url, response.text)
+        assert response.json()["error"]["code"] == "not_found"
+    with httpx.stream("GET", f"{job_url}/events", timeout=10) as events:
+        assert events.status_code == 404 and events.read().startswith(b'{"error":')
+    assert batch(bulk_stack, accepted["id"])["counts"]["queued"] == 3
+    bulk_stack.run_burst("slow")
+    view = batch(bulk_stack, accepted["id"])
+    assert (view["status"], view["counts"]["finished"]) == ("finished", 3)
+    lines = results(bulk_stack, accepted["id"])
+    assert sorted(line["custom_id"] for line in lines) == [f"chunked-{i}" for i in range(3)]
+
+
 def test_kill_9_mid_bulk_ends_every_custom_id_exactly_once(bulk_stack: Stack) -> None:
     accepted = upload(bulk_stack, "slow", jsonl(items(24)))
     doomed = bulk_stack.start_worker("slow", name="doomed", env={"INFERQ_TEST_SLOW_S": "3"})

@@ -199,7 +199,7 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) ->
 
 def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
-    if not keys.JOB_ID_RE.match(job_id):
+    if not keys.is_client_job(job_id):
         raise NotFound(f"no job {job_id!r}")
     hk = layout.hooks()
     for _ in range(5):
