@@ -90,6 +90,7 @@ def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(secur
     again = submit(secured, [1, 2], headers={**A, "Idempotency-Key": "order-17"})
     assert first.status_code == again.status_code == 202
     assert first.json()["id"] == again.json()["id"]
+    assert first.json()["enqueued_at"] == again.json()["enqueued_at"] is not None
     other_body = submit(secured, [3, 4], headers={**A, "Idempotency-Key": "order-17"})
     assert other_body.status_code == 422
     assert "Idempotency-Key" in other_body.json()["error"]["message"]
