@@ -41,10 +41,10 @@ _STATUS_MAP = {
 
 
 def new_job_id() -> str:
-    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``, never one a bulk batch's chunk could have."""
+    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``, never one a chunk or a webhook delivery could have."""
     while True:
         job_id = secrets.token_urlsafe(18)
-        if not keys.is_chunk(job_id):
+        if keys.is_client_job(job_id):
             return job_id
 
 
