@@ -1,6 +1,8 @@
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU wheel; GPU users: `make setup TORCH=torch==2.13.0 TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128`
+# torch as pip finds it: the CUDA build (about 4.8 GB) on a plain index, the CPU one only where pip has a CPU wheel
+# at hand. CPU only: `make setup TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cpu`; CUDA 12.8:
+# `make setup TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128` (after `make clean` if .venv exists).
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN := $(VENV)/bin

@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
 
 from api import errors
+from api.auth import OPEN_PATHS
 from api.autopipeline import AutoPipelinedRedis
 from api.deps import AppState
 from api.events import EventHub
@@ -46,7 +47,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
     if settings.api_keys:
         count = len(settings.api_keys)
-        log.info("API-key authentication is on: %d key%s (INFERQ_API_KEYS)", count, "" if count == 1 else "s")
+        plural = "" if count == 1 else "s"
+        open_paths = ", ".join(OPEN_PATHS)
+        log.info(
+            "API-key authentication is on: %d key%s (INFERQ_API_KEYS); open without one: %s", count, plural, open_paths
+        )
     else:
         log.info("API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it")
 

@@ -1,4 +1,4 @@
-"""Optional API keys: ``Authorization: Bearer <key>`` on every route but health and docs."""
+"""Optional API keys: ``Authorization: Bearer <key>`` on every route but those in ``OPEN_PATHS``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,25 @@ from fastapi import Depends, Header, Request
 
 from api.deps import state_of
 from shared.errors import Unauthorized
+
+# The routes anyone may call although INFERQ_API_KEYS is set ("/*": a folder of files): health and the protocol's
+# server metadata, the docs, /metrics (counts only: no job ids, inputs or results) and the status page's own
+# files (no data: the page reads /v1/status with the key its user enters). The start-up line names them.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/v2",
+    "/metrics",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/openapi.json",
+    "/static-offline-docs/*",
+    "/",
+    "/static/*",
+)
 
 
 def owner_of(key: str) -> str:

@@ -37,6 +37,7 @@ class JobAccepted(BaseModel):
     status: Status
     model: str
     created_at: str | None
+    enqueued_at: str | None
     urls: JobUrls
 
 

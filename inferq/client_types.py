@@ -180,7 +180,7 @@ class WebhookInfo:
 
 @dataclass(frozen=True)
 class Job:
-    """A job as the API shows it; a just-submitted job carries only id, status, model, created_at and urls."""
+    """A job as the API shows it; a just-submitted job carries only its id, status, model, times queued and urls."""
 
     id: str
     model: str

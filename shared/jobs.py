@@ -41,10 +41,10 @@ _STATUS_MAP = {
 
 
 def new_job_id() -> str:
-    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``, never one a bulk batch's chunk could have."""
+    """An unguessable job ID matching RQ's ``[A-Za-z0-9_-]+``, never one a chunk or a webhook delivery could have."""
     while True:
         job_id = secrets.token_urlsafe(18)
-        if not keys.is_chunk(job_id):
+        if keys.is_client_job(job_id):
             return job_id
 
 
@@ -181,7 +181,7 @@ def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) 
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
         return store.read_enqueued(queues.connection, other_id)
-    return store.Enqueued(new.id, "queued", created_at)
+    return store.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
 
 
 async def enqueue_job_async(
@@ -202,7 +202,7 @@ async def enqueue_job_async(
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
         return await store.read_enqueued_async(connection, other_id)
-    return store.Enqueued(new.id, "queued", created_at)
+    return store.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
 
 
 def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -211,7 +211,7 @@ def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 def _queue_view_reads(pipe: Pipeline | AsyncPipeline, job_id: str) -> None:
     """The reads a job's view is made of, queued in one pipeline (sync or async): one round trip."""
-    if not keys.JOB_ID_RE.match(job_id):
+    if not keys.is_client_job(job_id):
         raise NotFound(f"no job {job_id!r}")
     pipe.hgetall(layout.job_key(job_id))
     pipe.pttl(layout.job_key(job_id))

@@ -92,6 +92,17 @@ def batch_of_chunk(job_id: str) -> str:
     return job_id.removeprefix(CHUNK_PREFIX).rsplit("-", 1)[0]
 
 
+# A job's first webhook delivery is the RQ job "webhook-<job id>" (shared/lifecycle/layout.py): queued only once.
+DELIVERY_PREFIX = "webhook-"
+
+
+def is_client_job(job_id: str) -> bool:
+    """Whether ``job_id`` may name a client's job: every job route reads and cancels only these."""
+    # A chunk or a webhook delivery is an RQ job with a predictable id but no client's job: a chunk canceled alone
+    # ended its items unseen by its batch, which then never ended; a delivery canceled was a webhook never sent.
+    return JOB_ID_RE.match(job_id) is not None and not is_chunk(job_id) and not job_id.startswith(DELIVERY_PREFIX)
+
+
 # Metrics (shared/metrics.py): counters and histogram buckets that workers and API processes add to,
 # read by every API process's GET /metrics and GET /v1/status. Each is refreshed with a TTL on write.
 def metrics_key(model: str) -> str:

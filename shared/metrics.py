@@ -227,6 +227,15 @@ def counters(fields: Mapping[str, float], counter: str) -> dict[str, float]:
     return {name.removeprefix(prefix): value for name, value in fields.items() if name.startswith(prefix)}
 
 
+def items_run(fields: Mapping[str, float]) -> float:
+    """The items a worker ran, finished or failed in their batch: what throughput counts.
+
+    Not the jobs ended: canceled and expired items end without running, and a canceled 20,000-line batch
+    read as twice the model's rate. A worker observes each item it ran once in the inference histogram.
+    """
+    return fields.get(_fields("inference", len(TIME_BUCKETS_S))[2], 0.0)
+
+
 def merge(windows: Iterable[Mapping[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for window in windows:

@@ -166,6 +166,8 @@ def test_a_wait_that_runs_out_prints_the_queued_job_in_its_lane(served: Stack, c
     assert (waited["http_status"], waited["status"], waited["result"]) == (202, "queued", None)
     queued = _one_result(_cli(*args))
     assert (queued["http_status"], queued["status"]) == (202, "queued")
+    # An enqueued job shows when it was queued: the submit's answer carries it (it printed null).
+    assert waited["enqueued_at"] is not None and queued["enqueued_at"] == queued["created_at"] is not None
     assert queued["urls"]["self"] == f"{served.base}/v1/jobs/{queued['id']}"
     assert client.model("idle").queue_lengths == {"interactive": 0, "bulk": 2}
     for job_id in (waited["id"], queued["id"]):

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from rq.serializers import JSONSerializer
 
+from api.routers.batches import RESULTS_OFFSET_MAX
 from shared import keys
 from shared.redis_server import RedisServer
 from shared.rqjson import JSONJob
@@ -109,6 +110,36 @@ def test_an_upload_with_no_valid_line_is_refused_whole(bulk_stack: Stack) -> Non
     )
     assert response.status_code == 422
     assert "line 1" in response.json()["error"]["message"]
+
+
+def test_a_chunk_is_no_job_to_clients_and_its_batch_still_ends(bulk_stack: Stack) -> None:
+    """A chunk's id is predictable (``batch-<batch id>-<n>``): every job route answers 404 for it."""
+    accepted = upload(bulk_stack, "slow", jsonl(items(3, "chunked")))
+    job_url = f"{bulk_stack.base}/v1/jobs/{keys.chunk_id(accepted['id'], 0)}"
+    # The cancel before the events: on a chunk left queued the event stream would not end.
+    for method, url in (("GET", job_url), ("GET", f"{job_url}?wait=1"), ("POST", f"{job_url}/cancel")):
+        response = httpx.request(method, url, timeout=10)
+        assert response.status_code == 404, (method, url, response.text)
+        assert response.json()["error"]["code"] == "not_found"
+    with httpx.stream("GET", f"{job_url}/events", timeout=10) as events:
+        assert events.status_code == 404 and events.read().startswith(b'{"error":')
+    assert batch(bulk_stack, accepted["id"])["counts"]["queued"] == 3
+    bulk_stack.run_burst("slow")
+    view = batch(bulk_stack, accepted["id"])
+    assert (view["status"], view["counts"]["finished"]) == ("finished", 3)
+    lines = results(bulk_stack, accepted["id"])
+    assert sorted(line["custom_id"] for line in lines) == [f"chunked-{i}" for i in range(3)]
+
+
+def test_a_results_offset_past_any_batch_is_refused_before_the_stream_starts(bulk_stack: Stack) -> None:
+    accepted = upload(bulk_stack, "slow", jsonl(items(2, "offset")))
+    url = f"{bulk_stack.base}/v1/batches/{accepted['id']}/results"
+    for offset in (RESULTS_OFFSET_MAX + 1, 2**63, 2**64):
+        response = httpx.get(url, params={"offset": offset})
+        assert response.status_code == 422, (offset, response.text)
+        assert response.json()["error"]["code"] == "invalid_request"
+    response = httpx.get(url, params={"offset": RESULTS_OFFSET_MAX})
+    assert (response.status_code, response.text) == (200, "")
 
 
 def test_kill_9_mid_bulk_ends_every_custom_id_exactly_once(bulk_stack: Stack) -> None:

@@ -12,8 +12,9 @@ import pytest
 from rq.serializers import JSONSerializer
 
 from shared import keys
+from shared.redis_server import free_port
 from shared.rqjson import JSONJob
-from tests.stack import Stack, wait_until
+from tests.stack import ROOT, Stack, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +33,8 @@ def test_submit_then_poll_returns_the_classification(stack: Stack, digits_heldou
     response = submit_png(stack, pngs[0])
     assert response.status_code == 202
     body = response.json()
-    assert set(body) == {"id", "status", "model", "created_at", "urls"}
+    assert set(body) == {"id", "status", "model", "created_at", "enqueued_at", "urls"}
+    assert body["enqueued_at"] == body["created_at"] is not None  # queued as it was created
     assert body["status"] == "queued" and body["model"] == "digits"
     assert response.headers["location"] == f"{stack.base}/v1/jobs/{body['id']}"
 
@@ -136,6 +138,26 @@ def test_unknown_job_and_model_are_404_json(stack: Stack) -> None:
     response = httpx.post(f"{stack.base}/v1/models/nope/jobs", files={"file": ("a.png", b"x", "image/png")})
     assert response.status_code == 404
     assert "nope" in response.json()["error"]["message"]
+
+
+def test_a_webhook_delivery_is_no_job_to_clients(stack: Stack) -> None:
+    """A job's delivery is the RQ job ``webhook-<job id>``: no job route reads or cancels it."""
+    closed = free_port()  # nothing listens: the delivery fails and is retried later
+    accepted = httpx.post(
+        f"{stack.base}/v1/models/digits/jobs",
+        files={"file": ("digit.png", (ROOT / "samples" / "digit.png").read_bytes(), "image/png")},
+        data={"webhook": f"http://127.0.0.1:{closed}/hook"},
+        headers={"Prefer": "wait=30"},
+        timeout=40,
+    )
+    assert accepted.status_code in (200, 202), accepted.text
+    delivery = f"{keys.DELIVERY_PREFIX}{accepted.json()['id']}"
+    client = stack.redis()
+    wait_until(lambda: client.exists(f"rq:job:{delivery}"), 30, "the delivery to be queued")
+    for method, path in (("GET", delivery), ("POST", f"{delivery}/cancel")):
+        response = httpx.request(method, f"{stack.base}/v1/jobs/{path}", timeout=10)
+        assert response.status_code == 404, (method, response.text)
+        assert response.json()["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize(

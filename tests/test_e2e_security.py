@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
+from api import auth
 from api.app import create_app
 from shared.redis_server import free_port
 from shared.settings import Settings
-from tests.stack import Stack, new_stack, serving, wait_until
+from tests.stack import ROOT, Stack, new_stack, serving, wait_until
+
+README = ROOT / "README.md"
 
 pytestmark = pytest.mark.e2e
 A = {"Authorization": "Bearer key-a"}
@@ -40,23 +45,70 @@ def submit(stack: Stack, values: list[float], headers: dict[str, str] = A, **ext
     return httpx.post(f"{stack.base}/v1/models/slow/jobs", json={"inputs": values, **extra}, headers=headers)
 
 
-def test_every_route_but_health_and_docs_needs_a_key(secured: Stack) -> None:
-    for method, path in (
-        ("GET", "/v1/models"),
-        ("GET", "/v1/models/slow"),
-        ("GET", "/v1/jobs/x"),
-        ("POST", "/v1/jobs/x/cancel"),
-        ("GET", "/v1/jobs/x/events"),
-    ):
+# What stays open with keys set: health and the protocol's server metadata, the docs, /metrics (counts only) and
+# the status page's own files (no data). The README's INFERQ_API_KEYS row and the start-up line say the same.
+OPEN = {
+    ("GET", path)
+    for path in (
+        "/healthz",
+        "/readyz",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+        "/static-offline-docs/*",
+        "/",
+        "/static/*",
+    )
+}
+PATH_PARAMETERS = {"{model}": "slow", "{version}": "1", "{job_id}": "x", "{batch_id}": "x"}
+
+
+def every_route(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, str, str]]:
+    """(method, template, a URL path to call) of each route of the app; "/*" marks a folder of files."""
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI resolves an included router lazily
+        if included is not None:
+            yield from every_route(included.routes)
+        elif isinstance(route, Mount):
+            assert isinstance(route.app, StaticFiles) and route.app.directory is not None, route.path
+            a_file = sorted(p.name for p in Path(route.app.directory).iterdir() if p.is_file())[0]
+            yield "GET", f"{route.path}/*", f"{route.path}/{a_file}"
+        else:
+            assert isinstance(route, Route), route
+            url = route.path
+            for name, value in PATH_PARAMETERS.items():
+                url = url.replace(name, value)
+            assert "{" not in url, route.path
+            for method in sorted((route.methods or set()) - {"HEAD"}):
+                yield method, route.path, url
+
+
+def test_every_route_needs_a_key_but_health_docs_metrics_and_the_pages_files(secured: Stack) -> None:
+    app = create_app(Settings(redis_url=secured.redis_url, models_dir=secured.models_dir, api_keys=["key-a"]))
+    routes = list(every_route(app.routes))
+    assert len(routes) > 30 and {(method, template) for method, template, _ in routes} >= OPEN
+    for method, template, url in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "key-a"}):
-            response = httpx.request(method, f"{secured.base}{path}", headers=headers)
-            assert response.status_code == 401, (path, headers)
+            response = httpx.request(method, f"{secured.base}{url}", headers=headers, timeout=10)
+            if (method, template) in OPEN:
+                assert response.status_code == 200, (method, url, headers, response.text[:200])
+                continue
+            assert response.status_code == 401, (method, url, headers)
             assert response.headers["www-authenticate"] == "Bearer"
-            assert response.json()["error"]["code"] == "unauthorized"
-    assert submit(secured, [1, 2], headers={}).status_code == 401
-    for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
-        assert httpx.get(f"{secured.base}{path}").status_code == 200
+            # The OIP routes answer in the protocol's own error body (api/errors.py).
+            error = response.json()["error"]
+            assert (
+                error == "a valid API key is required: Authorization: Bearer <key>" or error["code"] == "unauthorized"
+            )
     assert httpx.get(f"{secured.base}/v1/models", headers=A).status_code == 200
+    assert set(auth.OPEN_PATHS) == {template for _, template in OPEN}
+    keys_row = next(line for line in README.read_text().splitlines() if line.startswith("| `INFERQ_API_KEYS` |"))
+    assert [path for path in auth.OPEN_PATHS if f"`{path}`" not in keys_row] == []
 
 
 def test_a_key_sees_and_cancels_only_its_own_jobs(secured: Stack) -> None:
@@ -90,6 +142,7 @@ def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(secur
     again = submit(secured, [1, 2], headers={**A, "Idempotency-Key": "order-17"})
     assert first.status_code == again.status_code == 202
     assert first.json()["id"] == again.json()["id"]
+    assert first.json()["enqueued_at"] == again.json()["enqueued_at"] is not None
     other_body = submit(secured, [3, 4], headers={**A, "Idempotency-Key": "order-17"})
     assert other_body.status_code == 422
     assert "Idempotency-Key" in other_body.json()["error"]["message"]

@@ -190,6 +190,7 @@ def test_respond_async_answers_202_and_the_job_is_read_through_v1(v2_stack: Stac
     )
     assert response.status_code == 202
     job_id = response.json()["id"]
+    assert response.json()["enqueued_at"] == response.json()["created_at"] is not None
     assert response.headers["location"] == f"{v2_stack.base}/v1/jobs/{job_id}"
     assert response.headers["preference-applied"] == "respond-async"
     view = httpx.get(response.headers["location"], params={"wait": 30}, timeout=40).json()

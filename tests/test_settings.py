@@ -186,14 +186,18 @@ def test_names_used_outside_settings_are_not_warned_about(
     assert settings_warnings(caplog) == []
 
 
-# the API says whether it authenticates
+# the API says whether it authenticates, and which routes it leaves open
+OPEN = (
+    "/healthz, /readyz, /v2/health/live, /v2/health/ready, /v2, /metrics, /docs, /docs/oauth2-redirect, /redoc,"
+    " /openapi.json, /static-offline-docs/*, /, /static/*"
+)
 
 
 @pytest.mark.parametrize(
     ("api_keys", "line"),
     [
-        (["key-a", "key-b"], "API-key authentication is on: 2 keys (INFERQ_API_KEYS)"),
-        (["key-a"], "API-key authentication is on: 1 key (INFERQ_API_KEYS)"),
+        (["key-a", "key-b"], f"API-key authentication is on: 2 keys (INFERQ_API_KEYS); open without one: {OPEN}"),
+        (["key-a"], f"API-key authentication is on: 1 key (INFERQ_API_KEYS); open without one: {OPEN}"),
         ([], "API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it"),
     ],
 )

@@ -40,6 +40,9 @@ CUSTOM_ID_MAX = 256
 # How many refused lines the upload's answer lists (all of them are counted).
 REFUSED_SHOWN = 100
 RESULTS_PAGE = 1000
+# A batch's results are one Redis list, which holds at most 2^32 - 1 lines: no offset past that can skip
+# a line, and a larger one made Redis refuse the LRANGE after the 200 had been sent (a body cut short).
+RESULTS_OFFSET_MAX = 2**32 - 1
 _LINE_FIELDS = {"custom_id", "inputs", "image"}
 _UPLOAD_BODY = {
     "requestBody": {
@@ -234,7 +237,9 @@ async def batch_results(
     status: Annotated[
         Literal["finished", "failed", "canceled", "expired"] | None, Query(description="only lines of this status")
     ] = None,
-    offset: Annotated[int, Query(description="skip this many lines (what a follower already read)", ge=0)] = 0,
+    offset: Annotated[
+        int, Query(description="skip this many lines (what a follower already read)", ge=0, le=RESULTS_OFFSET_MAX)
+    ] = 0,
 ) -> JSONLResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
     if await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner) is None:

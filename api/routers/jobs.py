@@ -153,6 +153,7 @@ async def submit_job(
         "status": public_status(job.status),
         "model": config.name,
         "created_at": isoformat(job.created_at),
+        "enqueued_at": isoformat(job.enqueued_at),
         "urls": urls,
     }
     return JSONResponse(accepted, status_code=202, headers=headers)

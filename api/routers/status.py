@@ -34,7 +34,7 @@ class WindowPoint(BaseModel):
     start: float = Field(description="window start, epoch seconds")
     ended: float = Field(description="jobs that ended in the window, any status")
     failed: float
-    throughput_per_s: float
+    throughput_per_s: float = Field(description="items a worker ran (finished or failed) per second")
     mean_batch_size: float | None
     queued_p95_s: float | None
     inference_p95_s: float | None
@@ -52,7 +52,10 @@ class ModelStatus(BaseModel):
     queue_depth: dict[str, int] = Field(description="jobs waiting, per lane")
     oldest_age_s: dict[str, float] = Field(description="age of the oldest waiting job, per lane (0 when empty)")
     workers: dict[str, int] = Field(description="live workers serving the model: busy, idle")
-    throughput_per_s: float = Field(description="jobs ended per second over the last minute")
+    throughput_per_s: float = Field(
+        description="items a worker ran (finished or failed) per second over the last minute;"
+        " canceled and expired items never ran and do not count"
+    )
     mean_batch_size: float | None = Field(description="over the charts' span")
     queued_s: Quantiles
     inference_s: Quantiles
@@ -93,7 +96,7 @@ def _point(start: int, fields: dict[str, float]) -> WindowPoint:
         start=start,
         ended=ended,
         failed=sum(metrics.counters(fields, metrics.FAILED).values()),
-        throughput_per_s=ended / metrics.WINDOW_S,
+        throughput_per_s=metrics.items_run(fields) / metrics.WINDOW_S,
         mean_batch_size=metrics.histogram(fields, "batch", metrics.BATCH_BUCKETS).mean,
         queued_p95_s=metrics.histogram(fields, "queued", metrics.TIME_BUCKETS_S).quantile(0.95),
         inference_p95_s=metrics.histogram(fields, "inference", metrics.TIME_BUCKETS_S).quantile(0.95),
@@ -112,7 +115,7 @@ def _status(state: AppState) -> ClusterStatus:
         complete = history.windows[:-1]  # the current window is still filling
         span = metrics.merge(fields for _, fields in history.windows)
         last_minute = metrics.merge(fields for _, fields in complete[-RATE_WINDOWS:])
-        rate = sum(metrics.counters(last_minute, metrics.ENDED).values()) / (RATE_WINDOWS * metrics.WINDOW_S)
+        rate = metrics.items_run(last_minute) / (RATE_WINDOWS * metrics.WINDOW_S)
         models.append(
             ModelStatus(
                 name=name,

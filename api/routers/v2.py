@@ -152,6 +152,7 @@ async def infer(
             "status": view["status"] if view else public_status(job.status),
             "model": config.name,
             "created_at": isoformat(job.created_at),
+            "enqueued_at": isoformat(job.enqueued_at),
             "urls": {
                 name: f"{location}{suffix}"
                 for name, suffix in (("self", ""), ("events", "/events"), ("cancel", "/cancel"))

@@ -25,8 +25,7 @@ DELIVER_FUNC = "workers.webhooks.deliver"
 INFER_FUNC = "workers.tasks.infer"
 # Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
 WEBHOOK_CRASH_RETRIES = 3
-# A job's first webhook delivery is the RQ job "webhook-<job id>": it can be queued only once.
-DELIVERY_PREFIX = "webhook-"
+DELIVERY_PREFIX = keys.DELIVERY_PREFIX
 QUEUES_SET = JSONQueue.redis_queues_keys
 # Objects built only to read key names from RQ's classes; they never send a command.
 _OFFLINE = Redis()

@@ -66,6 +66,8 @@ class Enqueued:
     id: str
     status: str  # RQ's status
     created_at: datetime | None
+    # When it last entered its queue: a client's "queued since" (a retried job's is its requeue).
+    enqueued_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -166,23 +168,26 @@ async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, 
     return _text(verdict), _text(existing), created_at
 
 
-def _enqueued(job_id: str, status: bytes | None, created: bytes | None) -> Enqueued:
+_ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at"]
+
+
+def _enqueued(job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None) -> Enqueued:
     if status is None:
         raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
-    return Enqueued(job_id, status.decode(), str_to_date(created) if created else None)
+    return Enqueued(job_id, status.decode(), parse_stamp(created), parse_stamp(enqueued))
 
 
 def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
     """An existing job as the submit answer shows it; NotFound once it expired."""
-    status, created = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), ["status", "created_at"]))
-    return _enqueued(job_id, status, created)
+    status, created, enqueued = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS))
+    return _enqueued(job_id, status, created, enqueued)
 
 
 async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
     """``read_enqueued`` on a ``redis.asyncio`` client."""
-    reply = connection.hmget(layout.job_key(job_id), ["status", "created_at"])
-    status, created = await cast(Awaitable[list[bytes | None]], reply)
-    return _enqueued(job_id, status, created)
+    reply = connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS)
+    status, created, enqueued = await cast(Awaitable[list[bytes | None]], reply)
+    return _enqueued(job_id, status, created, enqueued)
 
 
 def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
@@ -199,7 +204,7 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) ->
 
 def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
-    if not keys.JOB_ID_RE.match(job_id):
+    if not keys.is_client_job(job_id):
         raise NotFound(f"no job {job_id!r}")
     hk = layout.hooks()
     for _ in range(5):
