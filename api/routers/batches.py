@@ -19,10 +19,9 @@ from api.auth import Owner
 from api.deps import Model, State
 from api.inputs import check_json_size, read_body
 from api.schemas import ERRORS
-from shared import keys
+from shared import keys, shards
 from shared.errors import AppError, Conflict, InvalidInput, NotFound
 from shared.inputs import input_kind
-from shared.jobs import new_job_id
 from shared.lifecycle import bulk
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.models import ModelConfig
@@ -176,7 +175,8 @@ async def submit_batch(
         raise InvalidInput(f"no line of the upload is a valid item: {shown}")
     if webhook:
         await check_webhook_target_async(webhook, settings.webhook_allow)
-    batch_id = new_job_id()
+    shard = state.for_model(config)
+    batch_id = shards.new_id(shard.name)
     fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0" + body)
     idempotency = None
     if idempotency_key:
@@ -195,13 +195,13 @@ async def submit_batch(
         webhook=webhook,
         idempotency=idempotency,
     )
-    verdict, existing = await run_in_threadpool(bulk.enqueue_batch, state.redis, settings, new)
+    verdict, existing = await run_in_threadpool(bulk.enqueue_batch, shard.redis, settings, new)
     if verdict == "dup":
         other_id, _, other_fingerprint = existing.partition(" ")
         if other_fingerprint != fingerprint.hexdigest():
             raise InvalidInput("this Idempotency-Key was used with a different request body")
         batch_id = other_id
-    view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+    view = await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner)
     if view is None:
         raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
     answer = {
@@ -217,7 +217,7 @@ async def submit_batch(
 @router.get("/v1/batches/{batch_id}", responses=ERRORS)
 async def get_batch(request: Request, batch_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """The batch's status, item counts, rate and estimated time left."""
-    view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+    view = await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner)
     if view is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
     return {**view, "urls": _urls(request, batch_id)}
@@ -242,13 +242,15 @@ async def batch_results(
     ] = 0,
 ) -> JSONLResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
-    if await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner) is None:
+    if await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
 
     async def lines() -> AsyncIterator[bytes]:
         start = offset
         while True:
-            page = await run_in_threadpool(bulk.result_lines, state.redis, batch_id, start, RESULTS_PAGE)
+            page = await run_in_threadpool(
+                bulk.result_lines, state.for_id(batch_id).redis, batch_id, start, RESULTS_PAGE
+            )
             for line in page:
                 if status is None or json.loads(line).get("status") == status:
                     yield line + b"\n"
@@ -262,7 +264,7 @@ async def batch_results(
 @router.post("/v1/batches/{batch_id}/cancel", responses=ERRORS)
 async def cancel_batch(request: Request, batch_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel the items not yet run; lines already finished are kept. A batch that ended answers 409."""
-    verdict = await run_in_threadpool(bulk.cancel_batch, state.redis, state.settings, batch_id, owner)
+    verdict = await run_in_threadpool(bulk.cancel_batch, state.for_id(batch_id).redis, state.settings, batch_id, owner)
     if verdict == "missing":
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
     if verdict == "ended":

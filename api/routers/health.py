@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from api.deps import AppState, State
 from api.routers.models import invalid_models, live_workers
-from shared import durability
+from shared import durability, shards
 from shared.errors import Unavailable
 
 router = APIRouter(tags=["health"])
@@ -35,10 +35,14 @@ async def healthz(state: State) -> dict[str, str]:
 
 
 def _readiness(state: AppState) -> Readiness:
-    state.redis.ping()
-    replicas, reason = durability.readiness(state.redis, state.settings)
-    if reason is not None:
-        raise Unavailable(reason)
+    replicas: int | None = None
+    for name, shard in sorted(state.shards.items()):
+        shard.redis.ping()
+        count, reason = durability.readiness(shard.redis, state.settings)
+        if reason is not None:
+            raise Unavailable(reason if name == shards.DEFAULT else f"Redis {name!r}: {reason}")
+        if count is not None:
+            replicas = count if replicas is None else min(replicas, count)
     workers = live_workers(state, sorted(state.models))
     without = [name for name, count in workers.items() if not count]
     return Readiness(

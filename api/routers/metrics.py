@@ -121,22 +121,29 @@ class DurabilityCollector(Collector):
         for name in ("async", "replica", "fsync"):
             mode.add_metric([name], 1.0 if settings.durability == name else 0.0)
         yield mode
-        replicas, reason = durability.readiness(self.state.redis, settings)
-        if replicas is not None:
-            yield GaugeMetricFamily(
-                "inferq_redis_connected_replicas", "Replicas connected to the Redis primary.", value=replicas
-            )
-            yield GaugeMetricFamily(
-                "inferq_durability_unavailable",
-                "1 while INFERQ_DURABILITY=replica cannot acknowledge (too few replicas): submits answer 503.",
-                value=1.0 if reason else 0.0,
-            )
+        if settings.durability != "replica":
+            return
+        replicas = GaugeMetricFamily(
+            "inferq_redis_connected_replicas", "Replicas connected to the Redis primary.", labels=["redis"]
+        )
+        unavailable = GaugeMetricFamily(
+            "inferq_durability_unavailable",
+            "1 while INFERQ_DURABILITY=replica cannot acknowledge (too few replicas): submits answer 503.",
+            labels=["redis"],
+        )
+        for name, shard in sorted(self.state.shards.items()):
+            count, reason = durability.readiness(shard.redis, settings)
+            replicas.add_metric([name], float(count or 0))
+            unavailable.add_metric([name], 1.0 if reason else 0.0)
+        yield replicas
+        yield unavailable
 
 
 def exposition(state: AppState) -> bytes:
     """One scrape: the cluster read from Redis, written by prometheus_client."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics.ClusterCollector(lambda: census.read_cluster(state.redis, sorted(state.models))))
+    placed = [(shard.redis, names) for shard, names in state.placed()]
+    registry.register(metrics.ClusterCollector(lambda: census.read_clusters(placed, state.redis)))
     registry.register(DurabilityCollector(state))
     return generate_latest(registry)
 
