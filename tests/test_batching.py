@@ -402,3 +402,18 @@ def test_a_batch_finishing_on_the_finisher_thread_never_shows_the_next_one_idle(
     assert finished_before == [0, 4]
     assert states == [b"busy", b"busy"]  # no finish wrote IDLE: the dequeue does, before it claims
     assert [get_job_view(redis, i)["status"] for i in ids] == ["finished"] * 8
+
+
+def test_a_round_trip_count_leaves_out_a_new_connections_handshake(redis_url: str) -> None:
+    """Whether a second pooled connection is opened depends on what another thread does at that moment: counting
+    its CLIENT SETINFO made the count above read the clock ({1: 6, 16: 5} beside two busy loops)."""
+    client = counting_client(redis_url)
+    client.ping()  # the first connection, made and back in the pool
+    before = CountingConnection.sent
+    held = client.connection_pool.get_connection()  # another thread's, busy: the next command needs a new one
+    try:
+        client.ping()
+    finally:
+        client.connection_pool.release(held)
+        client.close()
+    assert CountingConnection.sent - before == 1
