@@ -1,9 +1,10 @@
 """Past one Redis in `make bench`: two no-op models drained from two Redis servers against both from one.
 
-Each model's queue is filled first, then one `inferq worker --burst` process per model drains it; the drain is
-timed from the first job's start to the last job's end as Redis recorded them (so the workers' start-up, which
-loads torch, is left out). The two setups alternate, and the best round of each counts. Every process's CPU
-time over the drain is read from /proc, so a ratio under the target comes with where the cores went.
+One `inferq worker` process per model starts suspended (RQ's own switch) and loads its model; each queue is
+filled; then the switch is lifted and the drain is timed from the first job's start to the last job's end as
+Redis recorded them (so the workers' start-up, which loads torch, is left out). The two setups alternate, and
+the best round of each counts. Every process's CPU time over the drain is read from /proc, so a ratio under the
+target comes with where the cores went.
 
     python -m bench.shards [--jobs N] [--rounds R]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from redis import Redis
+from rq.suspension import resume, suspend
 
 from bench.models import build_models
 from bench.procs import Processes
@@ -71,34 +73,51 @@ def _span(url: str) -> tuple[float, float, int]:
 
 
 def _round(tmp: Path, models_dir: Path, servers: list[RedisServer], jobs: int, placement: dict[str, int]) -> dict:
-    """One drain: each model's jobs on ``servers[placement[model]]``, one burst worker per model."""
+    """One drain: each model's jobs on ``servers[placement[model]]``, one worker per model.
+
+    The workers start suspended (RQ's own switch), so the queues are filled while they wait with their models
+    loaded; the drain starts when the switch is lifted.
+    """
+    used = sorted(set(placement.values()))
+    clients = {i: Redis.from_url(servers[i].url) for i in used}
     for server in servers:
         Redis.from_url(server.url).flushall()
-    urls = {model: servers[index].url for model, index in placement.items()}
-    for model, url in urls.items():
-        _fill(url, model, jobs)
-    shards = {f"s{i}": s.url for i, s in enumerate(servers) if i > 0}
-    procs = Processes(tmp, {"INFERQ_MODELS_DIR": str(models_dir), "INFERQ_REDIS_URL": servers[0].url})
-    if shards:
-        procs.env["INFERQ_REDIS_SHARDS"] = ",".join(f"{name}={url}" for name, url in shards.items())
+    for client in clients.values():
+        suspend(client)
     for model, index in placement.items():
         config = json.loads((models_dir / model / "config.json").read_text())
         config.pop("redis", None)
         if index:
             config["redis"] = f"s{index}"
         (models_dir / model / "config.json").write_text(json.dumps(config))
-    workers = [procs.start(f"worker-{m}", "inferq", "worker", "--model", m, "--burst") for m in placement]
-    watched = {f"worker {m}": w.pid for m, w in zip(placement, workers, strict=True)}
-    watched |= {f"redis {i}": s.pid for i, s in enumerate(servers) if s.pid and i in placement.values()}
-    before = {name: _cpu_s(pid) for name, pid in watched.items()}
-    samples: dict[str, float] = {}
-    while any(w.poll() is None for w in workers):
-        samples = {name: _cpu_s(pid) for name, pid in watched.items()}  # the last reading before each exits
-        time.sleep(0.05)
-    for w in workers:
-        if w.returncode != 0:
-            raise RuntimeError(f"a bench worker failed; see {tmp}")
-    spans = [_span(s.url) for i, s in enumerate(servers) if i in placement.values()]
+    procs = Processes(tmp, {"INFERQ_MODELS_DIR": str(models_dir), "INFERQ_REDIS_URL": servers[0].url})
+    shards = {f"s{i}": s.url for i, s in enumerate(servers) if i > 0}
+    procs.env["INFERQ_REDIS_SHARDS"] = ",".join(f"{name}={url}" for name, url in shards.items())
+    try:
+        workers = [procs.start(f"worker-{m}", "inferq", "worker", "--model", m) for m in placement]
+        deadline = time.monotonic() + 120
+        while sum(len(c.smembers("rq:workers")) for c in clients.values()) < len(placement):
+            if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+                raise RuntimeError(f"the bench's workers did not start; see {tmp}")
+            time.sleep(0.05)
+        for model, index in placement.items():
+            _fill(servers[index].url, model, jobs)
+        watched = {f"worker {m}": w.pid for m, w in zip(placement, workers, strict=True)}
+        watched |= {f"redis {i}": servers[i].pid for i in used if servers[i].pid}
+        before = {name: _cpu_s(pid) for name, pid in watched.items()}
+        started = time.monotonic()
+        for client in clients.values():
+            resume(client)
+        while sum(
+            clients[index].zcard(f"rq:finished:inferq.{model}") for model, index in placement.items()
+        ) < jobs * len(placement):
+            if time.monotonic() - started > 600:
+                raise RuntimeError(f"the bench's drain did not end; see {tmp}")
+            time.sleep(0.02)
+        used_s = {name: _cpu_s(pid) - before[name] for name, pid in watched.items()}
+    finally:
+        procs.stop()
+    spans = [_span(servers[i].url) for i in used]
     first, last = min(s[0] for s in spans), max(s[1] for s in spans)
     ended = sum(s[2] for s in spans)
     seconds = last - first
@@ -106,7 +125,8 @@ def _round(tmp: Path, models_dir: Path, servers: list[RedisServer], jobs: int, p
         "jobs_per_s": ended / seconds,
         "seconds": seconds,
         "jobs": ended,
-        "cpu_cores": {name: round((samples.get(name, 0.0) - before[name]) / seconds, 2) for name in watched},
+        # Cores each process used over the drain: its CPU seconds (idle while suspended) over the drain's span.
+        "cpu_cores": {name: round(value / seconds, 2) for name, value in used_s.items()},
     }
 
 
