@@ -4,6 +4,7 @@ Redis, supervised on this host, and the banner that says where each is and how t
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shlex
@@ -29,6 +30,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from shared import connections, keys, shards
     from shared.models import load_model_configs
     from shared.redis_server import RedisServer, port_in_use
+    from workers.outage import Outage
 
     settings = settings_of(args)
     configs = load_model_configs(settings.models_dir, settings.redis_shards)
@@ -51,7 +53,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         for shard, url in ({**settings.redis_urls(), shards.DEFAULT: redis_url}).items():
             with connections.connect(url, settings.redis_timeout_s) as connection:
                 placed = [keys.queue_name(n) for n, c in configs.items() if (c.redis or shards.DEFAULT) == shard]
-                cleared = clear_leftovers(connection, placed)
+                # An external Redis that is down, full or busy is waited for (and said), not a crash at start.
+                clear = functools.partial(clear_leftovers, connection, placed)
+                cleared = Outage(f"inferq up (Redis {shard})").wait(clear, "starting")
             if cleared.workers or cleared.scheduler_locks:
                 log.info(
                     "cleared what a run that did not stop left in %s: workers %s, scheduler locks %s",

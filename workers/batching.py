@@ -19,10 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis import Redis
@@ -41,16 +40,13 @@ from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.batch_parts import (
-    PREFETCH_HOLD_LIMIT_S,
     Finisher,
     KeepAlive,
-    Prefetched,
     jobs_of,
-    prepare_aside,
-    same_jobs,
 )
 from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
+from workers.prefetch import Prefetcher, same_jobs
 from workers.running import (
     BatchReport,
     BatchTimeout,
@@ -125,12 +121,11 @@ class BatchWorker(SimpleWorker):
         # The overlap: the next batch is prepared while the model runs the current one (module docstring).
         cuda = any(runner.device.type == "cuda" for runner in runners.values())
         self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
-        self._prefetch_lock = threading.Lock()
-        self._prefetch_thread: threading.Thread | None = None
-        self._prefetched: Prefetched | None = None  # being popped or prepared by the prefetch thread
-        self._ready: Prefetched | None = None  # handed from the dequeue to execute_job
-        self._prefetch_closed = False
-        self.batches_prefetched = 0
+        self.prefetch = Prefetcher(self)
+
+    @property
+    def batches_prefetched(self) -> int:
+        return self.prefetch.count
 
     # -- RQ loop, with fewer round trips ---------------------------------------------------
     def _set_connection(self, connection: Redis) -> Redis:
@@ -209,21 +204,22 @@ class BatchWorker(SimpleWorker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
-        self._prefetch_closed = False  # a worker may work() again after a burst
+        self.prefetch.closed = False  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
         finally:
-            self._close_prefetch()
+            self.prefetch.close()
+            self.outage.skip(self._take_back_lost, "giving back a batch")
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
         """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
         self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
-        ready = self._take_prefetched()
+        ready = self.prefetch.take()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
-            self._ready = ready
+            self.prefetch.ready = ready
             self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
@@ -297,7 +293,7 @@ class BatchWorker(SimpleWorker):
         RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
         stopping while collecting would strand the popped jobs in the intermediate list.
         """
-        if self._held is not None or self._prefetched is not None:
+        if self._held is not None or self.prefetch.ahead is not None:
             self._stop_requested = True
             self.set_shutdown_requested_date()
             log.info("worker %s: stopping after the batch being collected", self.name)
@@ -311,7 +307,7 @@ class BatchWorker(SimpleWorker):
             running, self._running = self._running, None
             held, self._held = self._held, None
             # The next batch first: the running one is then put back in front of it, in order.
-            self._give_back_prefetched(wait_s=2.0)
+            self.prefetch.give_back(wait_s=2.0)
             if running is not None:
                 self._give_back(*running)
             elif held is not None:
@@ -323,7 +319,7 @@ class BatchWorker(SimpleWorker):
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
         runner = self.runners[keys.model_from_queue(queue.name)]
-        ready, self._ready = self._ready, None
+        ready = self.prefetch.hand_over()
         if ready is not None and (ready.job_ids[0] != job.id or ready.queue.name != queue.name):
             ready = None  # never: the dequeue hands over what it took
         self._held = (queue, ready.job_ids if ready else [job.id])
@@ -360,7 +356,7 @@ class BatchWorker(SimpleWorker):
             with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
                 if self.overlap or prepared is not None:
                     prepared = prepared or prepare(runner, items)
-                    self._start_prefetch()  # the next batch is prepared while this one runs
+                    self.prefetch.start()  # the next batch is prepared while this one runs
                     report = run_prepared(runner, prepared)
                 else:
                     report = run_batch(runner, items)
@@ -389,7 +385,7 @@ class BatchWorker(SimpleWorker):
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
-        self._expire_prefetched()
+        self.prefetch.expire()
         qk, jobs = batch
         ttl_s = self.settings.heartbeat_ttl_s
         try:
@@ -400,89 +396,6 @@ class BatchWorker(SimpleWorker):
                 pipe.execute()
         except redis.exceptions.RedisError as exc:
             log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
-
-    # -- the overlap: the next batch, prepared while this one runs ----------------------------------
-    def _start_prefetch(self) -> None:
-        """Start the prefetch thread, unless one is still busy or a prefetched batch waits."""
-        if self._prefetch_closed or self._stop_requested or self._prefetched is not None:
-            return
-        if self._prefetch_thread is not None and self._prefetch_thread.is_alive():
-            return
-        self._prefetch_thread = threading.Thread(target=self._prefetch, name="inferq-prefetch", daemon=True)
-        self._prefetch_thread.start()
-
-    def _prefetch(self) -> None:
-        """Claim and pop the next batch (never blocking), read its inputs and prepare it."""
-        try:
-            with self._prefetch_lock:
-                if self._prefetch_closed or self._stop_requested:
-                    return
-                claimed = self._claim(None)
-                if claimed is None:
-                    return
-                job_id, queue = claimed
-                ahead = Prefetched(queue, [job_id], time.monotonic())
-                self._prefetched = ahead
-                if keys.is_chunk(job_id):
-                    return  # a bulk chunk: a batch of its own, prepared once started (its items are in it)
-                runner = self.runners[keys.model_from_queue(queue.name)]
-                ahead.job_ids += store.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
-            inputs = store.read_inputs(self.connection, ahead.job_ids)
-            # The jobs are not started yet: the start script gives each its job; until then, no job.
-            items = [Item(cast(Any, None), payload, content_type) for payload, content_type in inputs]
-            prepared = prepare_aside(runner, items)
-            with self._prefetch_lock:
-                if self._prefetched is ahead:
-                    ahead.items, ahead.prepared = items, prepared
-                    self.batches_prefetched += 1
-        except Exception:  # the jobs stay held; the main loop starts and prepares them as usual
-            log.exception("worker %s: preparing the next batch failed", self.name)
-
-    def _take_prefetched(self) -> Prefetched | None:
-        """The prefetched batch, once the prefetch thread is done with it; None when there is none."""
-        thread = self._prefetch_thread
-        if thread is not None:
-            thread.join()
-            self._prefetch_thread = None
-        with self._prefetch_lock:
-            ahead, self._prefetched = self._prefetched, None
-        return ahead
-
-    def _give_back_prefetched(self, wait_s: float | None = None) -> None:
-        """Put a prefetched batch back at the front of its queue, and prefetch no more."""
-        if not self._prefetch_lock.acquire(timeout=-1 if wait_s is None else wait_s):
-            log.warning("worker %s: the prefetch thread holds its lock; RQ's cleanup will requeue", self.name)
-            return
-        try:
-            self._prefetch_closed = True
-            ahead, self._prefetched = self._prefetched, None
-            ready, self._ready = self._ready, None
-        finally:
-            self._prefetch_lock.release()
-        for batch in (ahead, ready):
-            if batch is not None:
-                self._give_back_held(batch.queue, batch.job_ids)
-
-    def _close_prefetch(self) -> None:
-        """The loop ended: wait for the prefetch thread, then give back what it took."""
-        self._prefetch_closed = True
-        thread = self._prefetch_thread
-        if thread is not None:
-            thread.join(timeout=30)
-        self.outage.skip(self._give_back_prefetched, "giving back a prefetched batch")
-        self.outage.skip(self._take_back_lost, "giving back a batch")
-
-    def _expire_prefetched(self) -> None:
-        """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue before maintenance takes it."""
-        with self._prefetch_lock:
-            ahead = self._prefetched
-            if ahead is None or time.monotonic() - ahead.held_since < PREFETCH_HOLD_LIMIT_S:
-                return
-            self._prefetched = None
-        try:
-            self._give_back_held(ahead.queue, ahead.job_ids)
-        except redis.exceptions.RedisError as exc:
-            log.warning("worker %s: giving back a prefetched batch failed (%s)", self.name, exc)
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
