@@ -88,6 +88,8 @@ def parse_upload(config: ModelConfig, body: bytes, settings: Settings) -> Upload
             candidate = line.get("custom_id")
             if not isinstance(candidate, str) or not 1 <= len(candidate) <= CUSTOM_ID_MAX:
                 raise InvalidInput(f"custom_id must be a string of 1 to {CUSTOM_ID_MAX} characters")
+            if not _is_unicode(candidate):
+                raise InvalidInput("custom_id must be Unicode text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
             if candidate in seen:
                 raise InvalidInput(f"custom_id {candidate!r} repeats line {seen[candidate]}")
             seen[candidate] = number
@@ -103,6 +105,15 @@ def parse_upload(config: ModelConfig, body: bytes, settings: Settings) -> Upload
                 line_out = {"custom_id": custom_id, "status": "failed", "error": error}
                 upload.failed_lines.append(json.dumps(line_out, separators=(",", ":")))
     return upload
+
+
+def _is_unicode(text: str) -> bool:
+    # json.loads takes a lone surrogate escape; such a string has no UTF-8 form, and Redis's cjson refuses it.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _item(config: ModelConfig, kind: Any, line: dict[str, Any], custom_id: str, settings: Settings) -> BulkItem:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -118,6 +118,8 @@ def enqueue_batch(connection: Redis, settings: Settings, new: NewBatch) -> tuple
             "content_type": CHUNK_CONTENT_TYPE,
             "result_ttl_s": new.result_ttl_s,
             "deadline": f"{created.timestamp() + window_s:.3f}",
+            # The scripts that end a chunk unrun write its lines from these, never decoding client text.
+            "custom_ids": encode_ids(item.custom_id for item in chunk),
         }
         body = json.dumps(
             {
@@ -204,9 +206,17 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
     fixed += store.metrics_keys(model.decode())[:2]
     args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
-    args += store.metrics_args()
+    args += [store.CANCELED_LINE_TAIL, *store.metrics_args()]
     args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
     return _text(scripts.CANCEL_BATCH(connection, fixed, per_chunk, args)[0])
+
+
+def encode_ids(custom_ids: Iterable[str]) -> str:
+    """A chunk's custom ids as its info hash keeps them: JSON strings, one a line.
+
+    ``ensure_ascii`` escapes every newline and non-ASCII character (a lone surrogate too), so a line is one id.
+    """
+    return "\n".join(json.dumps(custom_id, ensure_ascii=True) for custom_id in custom_ids)
 
 
 def decode_chunk(payload: bytes) -> list[BulkItem]:

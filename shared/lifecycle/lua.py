@@ -43,26 +43,25 @@ local function batch_progress(record, results, lines, moved, stamp, channel, hoo
   local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
                        'model')
   if r[6] or not r[1] then return end
-  if tonumber(r[2]) + tonumber(r[3]) + tonumber(r[4]) >= tonumber(r[1]) then
+  if (tonumber(r[2]) or 0) + (tonumber(r[3]) or 0) + (tonumber(r[4]) or 0) >= (tonumber(r[1]) or 0) then
     redis.call('HSET', record, 'ended_at', stamp)
-    redis.call('EXPIRE', record, tonumber(r[5]))
-    redis.call('EXPIRE', results, tonumber(r[5]))
+    redis.call('EXPIRE', record, tonumber(r[5]) or 1)
+    redis.call('EXPIRE', results, tonumber(r[5]) or 1)
     redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
     if redis.call('HEXISTS', record, 'webhook') == 1 then
       queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
     end
   end
 end
--- The items of a chunk that ends without running (canceled, expired, its worker died): one line each.
-local function chunk_lines(payload, status, reason)
-  local body = redis.call('GET', payload)
+-- The items of a chunk that ends without running (canceled, expired, its worker died): one line each. The info
+-- hash holds their custom ids as the API encoded them (JSON strings, ASCII only, one a line) and `tail` is the
+-- rest of each line, encoded by the caller: nothing a client sent is decoded here (Redis's cjson refuses some
+-- escapes Python's json takes), so nothing it sent can fail a script after its first write.
+local function chunk_lines(info, tail)
+  local ids = redis.call('HGET', info, 'custom_ids')
   local lines = {}
-  if not body then return lines end
-  for _, item in ipairs(cjson.decode(body).items) do
-    local line = {custom_id = item.custom_id, status = status}
-    if reason ~= '' then line.error = reason end
-    lines[#lines + 1] = cjson.encode(line)
-  end
+  if not ids then return lines end
+  for id in string.gmatch(ids, '[^\\n]+') do lines[#lines + 1] = '{"custom_id":' .. id .. tail end
   return lines
 end
 -- Where a chunk's items were counted: 'running' once a worker started it, else 'queued'.

@@ -83,8 +83,8 @@ return {'ok', ''}
 # flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
 # started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
 # and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
-# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, metrics group,
-# delivery template, then per job its id and a new execution id.
+# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, an expired chunk's
+# line tail (``store.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
 START = Script(
     "start",
     ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures"),
@@ -106,7 +106,8 @@ START = Script(
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local m, after_metrics = read_metrics(10)
+local expired_tail = ARGV[10]
+local m, after_metrics = read_metrics(11)
 local tpl, at = read_template(after_metrics)
 local acc = {}
 local out, started, registry = {}, {}, {}
@@ -121,11 +122,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
   -- One read of each hash: origin, status and the fields the worker needs; the info flags.
   local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
   local flags = redis.call('HMGET', info, 'items', 'canceled', 'deadline', 'batch_size')
-  local items = tonumber(flags[1] or '0')
+  local items = tonumber(flags[1]) or 0
   if not j[1] then
     local state = 'vanished'
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
-      local lines = chunk_lines(payload, 'expired', 'expired: still queued when the batch window ended')
+      local lines = chunk_lines(info, expired_tail)
       batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
@@ -343,8 +344,8 @@ return {'ok'}
 )
 
 # Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
-# once, and counted. ARGV: failure ttl, stamp, channel, metrics group, delivery template, then per job
-# its id. Returns the ids told.
+# once, and counted. ARGV: failure ttl, stamp, channel, a chunk's line tail (``store.line_tail``), metrics
+# group, delivery template, then per job its id. Returns the ids told.
 ANNOUNCE_FAILED = Script(
     "announce-failed",
     ("hook_queue", "queues"),
@@ -363,8 +364,8 @@ ANNOUNCE_FAILED = Script(
     ),
     source=_ANNOUNCE
     + """
-local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local m, after_metrics = read_metrics(4)
+local ttl, stamp, channel, died_tail = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local m, after_metrics = read_metrics(5)
 local tpl, at = read_template(after_metrics)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
@@ -373,10 +374,9 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
   local id = ARGV[at + n]
   n = n + 1
-  local items = tonumber(redis.call('HGET', info, 'items') or '0')
+  local items = tonumber(redis.call('HGET', info, 'items')) or 0
   if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
-    local lines = chunk_lines(payload, 'failed',
-                              'the worker running this item died (killed or crashed) and no retries were left')
+    local lines = chunk_lines(info, died_tail)
     batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
     redis.call('DEL', payload)
   end
@@ -448,7 +448,7 @@ RESCUE = Script(
     ("intermediate", "queue", "job", "info", "first_seen"),
     source="""
 if redis.call('HGET', KEYS[3], 'status') ~= 'queued' or redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
-if tonumber(redis.call('HGET', KEYS[4], 'rescued') or '0') >= tonumber(ARGV[2]) then return 0 end
+if (tonumber(redis.call('HGET', KEYS[4], 'rescued')) or 0) >= tonumber(ARGV[2]) then return 0 end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[4], 'rescued', 1)
 redis.call('DEL', KEYS[5])
@@ -513,7 +513,8 @@ return {'ok', ''}
 # running finish; {'ok'}, {'missing'} or {'ended'}.
 # KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the
 # queues set, the model's metrics and window; per chunk: job, info, payload. ARGV: owner ('' for any),
-# canceled ttl, now, stamp, channel, metrics group, delivery template.
+# canceled ttl, now, stamp, channel, a canceled item's line tail (``store.line_tail``), metrics group,
+# delivery template.
 CANCEL_BATCH = Script(
     "cancel-batch",
     ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window"),
@@ -522,7 +523,8 @@ CANCEL_BATCH = Script(
     + """
 local record, results = KEYS[1], KEYS[2]
 local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local m, after_metrics = read_metrics(6)
+local canceled_tail = ARGV[6]
+local m, after_metrics = read_metrics(7)
 local tpl = read_template(after_metrics)
 local acc = {}
 local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = KEYS[7]}
@@ -532,14 +534,14 @@ if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
 redis.call('HSETNX', record, 'canceled_at', stamp)
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, payload = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local items = tonumber(redis.call('HGET', info, 'items') or '0')
+  local items = tonumber(redis.call('HGET', info, 'items')) or 0
   if items > 0 and redis.call('HGET', job, 'status') == 'queued' and redis.call('HEXISTS', info, 'canceled') == 0 then
     local id = redis.call('HGET', info, 'id')
     redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
     redis.call('LREM', KEYS[3], 0, id)
     redis.call('HSET', info, 'canceled', '1', 'announced', '1')
     redis.call('ZADD', KEYS[4], now_s + ttl, id)
-    local lines = chunk_lines(payload, 'canceled', '')
+    local lines = chunk_lines(info, canceled_tail)
     batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel, hook)
     redis.call('DEL', payload)
     redis.call('EXPIRE', job, ttl)

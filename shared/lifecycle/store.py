@@ -9,6 +9,7 @@ exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,20 @@ def metrics_keys(model: str, at: float | None = None) -> list[str]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def line_tail(status: str, error: str | None = None) -> str:
+    """What follows the custom_id in a result line a script writes for a chunk that ends unrun: ``,"status":…}``.
+
+    Encoded here, as the custom ids were at upload: the scripts only join text, never decode what a client sent.
+    """
+    fields = {"status": status} if error is None else {"status": status, "error": error}
+    return "," + json.dumps(fields, separators=(",", ":"))[1:]
+
+
+EXPIRED_LINE_TAIL = line_tail("expired", "expired: still queued when the batch window ended")
+DIED_LINE_TAIL = line_tail("failed", "the worker running this item died (killed or crashed) and no retries were left")
+CANCELED_LINE_TAIL = line_tail("canceled")
 
 
 # -- the API's side -----------------------------------------------------------------------------
@@ -246,7 +261,8 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
         connection,
         [hk.queue, layout.QUEUES_SET],
         per_job,
-        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)]
+        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *metrics_args()]
+        + [*_template(settings)]
         + list(job_ids),
     )
     return [_text(i) for i in told]
@@ -393,7 +409,7 @@ def start(
     ]
     args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
     args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
-    args += [*metrics_args(), *_template(settings)]
+    args += [EXPIRED_LINE_TAIL, *metrics_args(), *_template(settings)]
     for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
         args += [job_id, execution_id]
     position = len(pipe)
