@@ -119,6 +119,22 @@ def test_cancel_keeps_finished_lines_and_cancels_what_has_not_run(redis: redis_p
     assert bulk.cancel_batch(redis, settings, batch_id) == "ended"
 
 
+def test_a_cancel_while_every_remaining_chunk_runs_cancels_nothing_and_the_batch_ends_finished(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    batch_id = _batch(redis, settings, _items(4))  # one chunk
+    worker = _worker(redis, settings, "late-cancel")
+    queue = next(q for q in worker.queues if q.name == "inferq.echo.bulk")
+    redis.lmove(queue.key, queue.intermediate_queue_key)
+    items = worker._start(queue, worker._collect(queue, keys.chunk_id(batch_id, 0), 4))
+    assert bulk.cancel_batch(redis, settings, batch_id) == "ok"  # nothing left to cancel: the chunk runs
+    worker._run(worker.runners["echo"], items, queue)
+    worker._finisher.wait()
+    view = bulk.read_batch(redis, batch_id)
+    assert view is not None and view["status"] == "finished"  # its status follows its counts
+    assert view["counts"] == {"total": 4, "queued": 0, "running": 0, "finished": 4, "failed": 0, "canceled": 0}
+
+
 def test_a_chunk_whose_worker_died_runs_again_and_adds_its_lines_once(
     redis: redis_py.Redis, settings: Settings
 ) -> None:

@@ -154,7 +154,8 @@ def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> di
     counts = {name: int(record.get(name, 0)) for name in ("total", "queued", "running", "finished", "failed")}
     counts["canceled"] = int(record.get("canceled", 0))
     ended = "ended_at" in record
-    if ended and "canceled_at" in record:
+    # Whether a cancel was asked says nothing: one that came while every chunk left was running canceled none.
+    if ended and counts["canceled"] > 0:
         status = "canceled"
     elif ended:
         status = "finished"

@@ -531,7 +531,6 @@ local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = 
 if redis.call('EXISTS', record) == 0 then return {'missing'} end
 if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
 if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
-redis.call('HSETNX', record, 'canceled_at', stamp)
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, payload = KEYS[k], KEYS[k + 1], KEYS[k + 2]
   local items = tonumber(redis.call('HGET', info, 'items')) or 0
