@@ -38,7 +38,14 @@ end
 -- lines: JSON strings; moved: {field = n} added to the record's counts; hook: where the batch's own webhook
 -- delivery goes {delivery, tpl, hook_queue, queues_set}.
 local function batch_progress(record, results, lines, moved, stamp, channel, hook)
+  -- A record that expired is not re-created without a TTL by the counts below.
+  if redis.call('EXISTS', record) == 0 then return end
   for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
+  -- Results written before the end (which sets their TTL) expire with the record, should it never end.
+  if #lines > 0 and redis.call('TTL', results) == -1 then
+    local left = redis.call('TTL', record)
+    if left > 0 then redis.call('EXPIRE', results, left) end
+  end
   for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
   local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
                        'model')

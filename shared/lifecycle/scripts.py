@@ -160,7 +160,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
-    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
+    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 and redis.call('EXISTS', record) == 1 then
+      -- one that expired is not re-created without a TTL
       redis.call('HINCRBY', record, 'queued', -items)
       redis.call('HINCRBY', record, 'running', items)
       redis.call('HSETNX', record, 'started_at', stamp)
