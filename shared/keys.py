@@ -80,6 +80,11 @@ def batch_chunks_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:chunks"
 
 
+def batch_ids_key(batch_id: str) -> str:
+    """A hash of the custom ids an upload took so far, each to the line that first held it; gone once queued."""
+    return f"{PREFIX}:batch:{batch_id}:ids"
+
+
 def chunk_id(batch_id: str, number: int) -> str:
     return f"{CHUNK_PREFIX}{batch_id}-{number}"
 

@@ -34,9 +34,24 @@ local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id,
   redis.call('RPUSH', hook_queue, delivery_id)
   redis.call('SADD', queues_set, hook_queue)
 end
+-- A bulk batch ends once every item ended, and not while its upload is still being queued (`pending`: the
+-- upload's last step ends it then). hook: where its own webhook delivery goes {delivery, tpl, hook_queue, queues_set}.
+local function batch_end_if_done(record, results, stamp, channel, hook)
+  local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
+                       'model', 'pending')
+  if r[6] or r[9] or not r[1] then return end
+  if (tonumber(r[2]) or 0) + (tonumber(r[3]) or 0) + (tonumber(r[4]) or 0) >= (tonumber(r[1]) or 0) then
+    redis.call('HSET', record, 'ended_at', stamp)
+    redis.call('EXPIRE', record, tonumber(r[5]) or 1)
+    redis.call('EXPIRE', results, tonumber(r[5]) or 1)
+    redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
+    if redis.call('HEXISTS', record, 'webhook') == 1 then
+      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
+    end
+  end
+end
 -- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
--- lines: JSON strings; moved: {field = n} added to the record's counts; hook: where the batch's own webhook
--- delivery goes {delivery, tpl, hook_queue, queues_set}.
+-- lines: JSON strings; moved: {field = n} added to the record's counts.
 local function batch_progress(record, results, lines, moved, stamp, channel, hook)
   -- A record that expired is not re-created without a TTL by the counts below.
   if redis.call('EXISTS', record) == 0 then return end
@@ -47,18 +62,7 @@ local function batch_progress(record, results, lines, moved, stamp, channel, hoo
     if left > 0 then redis.call('EXPIRE', results, left) end
   end
   for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
-  local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
-                       'model')
-  if r[6] or not r[1] then return end
-  if (tonumber(r[2]) or 0) + (tonumber(r[3]) or 0) + (tonumber(r[4]) or 0) >= (tonumber(r[1]) or 0) then
-    redis.call('HSET', record, 'ended_at', stamp)
-    redis.call('EXPIRE', record, tonumber(r[5]) or 1)
-    redis.call('EXPIRE', results, tonumber(r[5]) or 1)
-    redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
-    if redis.call('HEXISTS', record, 'webhook') == 1 then
-      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
-    end
-  end
+  batch_end_if_done(record, results, stamp, channel, hook)
 end
 -- The items of a chunk that ends without running (canceled, expired, its worker died): one line each. The info
 -- hash holds their custom ids as the API encoded them (JSON strings, ASCII only, one a line) and `tail` is the

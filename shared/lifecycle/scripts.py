@@ -12,6 +12,7 @@ lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 
 from __future__ import annotations
 
+from shared.lifecycle import bulk_scripts
 from shared.lifecycle.lua import ANNOUNCE as _ANNOUNCE
 from shared.lifecycle.lua import CALL_MANY as _CALL_MANY
 from shared.lifecycle.lua import Script
@@ -127,7 +128,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
     local state = 'vanished'
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
       local lines = chunk_lines(info, expired_tail)
-      batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
+      local moved = {[chunk_from(info)] = -items, failed = items}
+      batch_progress(record, results, lines, moved, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
       metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
@@ -160,11 +162,12 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
-    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 and redis.call('EXISTS', record) == 1 then
-      -- one that expired is not re-created without a TTL
-      redis.call('HINCRBY', record, 'queued', -items)
-      redis.call('HINCRBY', record, 'running', items)
-      redis.call('HSETNX', record, 'started_at', stamp)
+    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
+      if redis.call('EXISTS', record) == 1 then  -- one that expired is not re-created without a TTL
+        redis.call('HINCRBY', record, 'queued', -items)
+        redis.call('HINCRBY', record, 'running', items)
+        redis.call('HSETNX', record, 'started_at', stamp)
+      end
     end
     out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, redis.call('GET', payload) or false,
               redis.call('HGETALL', info)}
@@ -458,104 +461,6 @@ return 1
 """,
 )
 
-# A bulk batch, atomically: an Idempotency-Key already used returns its batch; else the batch record,
-# the result lines of refused input lines, and every chunk (its input, info and RQ job, queued).
-# KEYS: queue, queues set, record, chunks list, results list, idempotency key (the record again
-# when there is none, untouched); per chunk: job, payload, info.
-# ARGV: has idempotency ("1"/"0"), its value, its ttl, batch ttl, record field count, record
-# pairs, refused line count, refused lines, then per chunk: id, payload, payload ttl, info ttl, job
-# ttl, info field count, info pairs, job field count, job pairs.
-ENQUEUE_BATCH = Script(
-    "enqueue-batch",
-    ("queue", "queues", "record", "chunks", "results", "idempotency"),
-    per_item=("job", "payload", "info"),
-    source="""
-if ARGV[1] == '1' then
-  local existing = redis.call('GET', KEYS[6])
-  if existing then return {'dup', existing} end
-  redis.call('SET', KEYS[6], ARGV[2], 'EX', ARGV[3])
-end
-local ttl = tonumber(ARGV[4])
-local at = 5
-local function pairs_at(i)
-  local n = tonumber(ARGV[i])
-  return {unpack(ARGV, i + 1, i + 2 * n)}, i + 1 + 2 * n
-end
-local record
-record, at = pairs_at(at)
-redis.call('HSET', KEYS[3], unpack(record))
-redis.call('EXPIRE', KEYS[3], ttl)
-local refused = tonumber(ARGV[at])
-for i = at + 1, at + refused do redis.call('RPUSH', KEYS[5], ARGV[i]) end
-at = at + refused + 1
-redis.call('SADD', KEYS[2], KEYS[1])
-for k = FIXED + 1, #KEYS, STRIDE do
-  local job, payload, info = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local id = ARGV[at]
-  redis.call('SET', payload, ARGV[at + 1], 'EX', ARGV[at + 2])
-  local info_ttl, job_ttl = ARGV[at + 3], ARGV[at + 4]
-  local fields
-  fields, at = pairs_at(at + 5)
-  redis.call('HSET', info, unpack(fields))
-  redis.call('EXPIRE', info, info_ttl)
-  fields, at = pairs_at(at)
-  redis.call('HSET', job, unpack(fields))
-  redis.call('EXPIRE', job, job_ttl)
-  redis.call('RPUSH', KEYS[1], id)
-  redis.call('RPUSH', KEYS[4], id)
-end
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
-if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('EXPIRE', KEYS[5], ttl) end
-return {'ok', ''}
-""",
-)
-
-# A client's cancel of a bulk batch: every chunk still queued is canceled (a line per item), chunks
-# running finish; {'ok'}, {'missing'} or {'ended'}.
-# KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the
-# queues set, the model's metrics and window; per chunk: job, info, payload. ARGV: owner ('' for any),
-# canceled ttl, now, stamp, channel, a canceled item's line tail (``store.line_tail``), metrics group,
-# delivery template.
-CANCEL_BATCH = Script(
-    "cancel-batch",
-    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window"),
-    per_item=("job", "info", "payload"),
-    source=_ANNOUNCE
-    + """
-local record, results = KEYS[1], KEYS[2]
-local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local canceled_tail = ARGV[6]
-local m, after_metrics = read_metrics(7)
-local tpl = read_template(after_metrics)
-local acc = {}
-local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = KEYS[7]}
-if redis.call('EXISTS', record) == 0 then return {'missing'} end
-if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
-if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
-for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local items = tonumber(redis.call('HGET', info, 'items')) or 0
-  if items > 0 and redis.call('HGET', job, 'status') == 'queued' and redis.call('HEXISTS', info, 'canceled') == 0 then
-    local id = redis.call('HGET', info, 'id')
-    redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
-    redis.call('LREM', KEYS[3], 0, id)
-    redis.call('HSET', info, 'canceled', '1', 'announced', '1')
-    redis.call('ZADD', KEYS[4], now_s + ttl, id)
-    local lines = chunk_lines(info, canceled_tail)
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel, hook)
-    redis.call('DEL', payload)
-    redis.call('EXPIRE', job, ttl)
-    redis.call('EXPIRE', info, ttl)
-    metrics_add(acc, {['ended:canceled'] = items})
-  end
-end
-metrics_flush(acc, m, KEYS[8], KEYS[9])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_s)
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
-return {'ok'}
-""",
-)
-
 ALL = (
     CLAIM_FIRST,
     POP,
@@ -567,6 +472,5 @@ ALL = (
     GIVE_BACK,
     GIVE_BACK_HELD,
     RESCUE,
-    ENQUEUE_BATCH,
-    CANCEL_BATCH,
+    *bulk_scripts.ALL,
 )

@@ -106,7 +106,7 @@ class NewJob:
 
 
 @lru_cache(maxsize=1024)
-def _job_template(
+def job_template(
     queue_name: str,
     model: str,
     queue_ttl_s: int,
@@ -145,7 +145,7 @@ def _job_template(
 def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
     """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
     queue_name = keys.queue_name(new.model, new.lane)
-    template = _job_template(
+    template = job_template(
         queue_name,
         new.model,
         new.queue_ttl_s,
