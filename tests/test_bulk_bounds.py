@@ -1,5 +1,5 @@
-"""Bounded bulk work: an upload or a cancel is many small script calls, never one the size of the batch (real
-redis-server, the API through httpx.ASGITransport, in-process workers)."""
+"""Bounded bulk work: an upload or a cancel is many small script calls, never one the size of the batch, and each
+lane bounds its backlog (real redis-server, the API through httpx.ASGITransport, in-process workers)."""
 
 from __future__ import annotations
 
@@ -127,3 +127,51 @@ def test_an_upload_is_staged_pushed_and_published_in_bounded_calls(
     assert [name for name, _ in calls if name in ("queue-batch", "publish-batch")] == ["queue-batch", "publish-batch"]
     assert redis.llen(QUEUE) == 2500
     assert response.json()["counts"]["queued"] == 2500 and response.json()["status"] == "queued"
+
+
+def test_an_interactive_upload_counts_its_chunks_against_the_queue_length(
+    redis_url: str, redis: redis_py.Redis, settings: Settings
+) -> None:
+    settings = settings.model_copy(update={"max_queue_length": 5})
+    post = "/v1/models/echo/batches?priority=interactive"
+    too_many, fits, full, single = _api(
+        settings,
+        ("POST", post, {"content": _jsonl(6), "headers": JSONL}),
+        ("POST", post, {"content": _jsonl(4), "headers": JSONL}),
+        ("POST", post, {"content": _jsonl(2), "headers": JSONL}),
+        ("POST", "/v1/models/echo/jobs", {"json": {"inputs": [1, 2]}}),
+    )
+    assert too_many.status_code == 429 and too_many.headers["retry-after"] == "1"
+    assert too_many.json()["error"] == {
+        "code": "queue_full",
+        "message": "the interactive lane of model echo has no room for this batch; retry later",
+    }
+    assert (fits.status_code, full.status_code, single.status_code) == (202, 429, 202)
+    assert redis.llen("rq:queue:inferq.echo") == 5
+    assert [k for k in redis.scan_iter("inferq:payload:batch-*")] == [
+        k for k in redis.scan_iter("inferq:payload:batch-*") if fits.json()["id"].encode() in k
+    ]  # the refused uploads' staged chunks are gone
+
+
+def test_the_bulk_lane_bounds_its_waiting_items(redis: redis_py.Redis, settings: Settings) -> None:
+    settings = settings.model_copy(update={"max_bulk_queued_items": 10})
+    post = "/v1/models/echo/batches"
+    first, full, never = _api(
+        settings,
+        ("POST", post, {"content": _jsonl(8), "headers": JSONL}),
+        ("POST", post, {"content": _jsonl(3, "b"), "headers": JSONL}),
+        ("POST", post, {"content": _jsonl(11, "c"), "headers": JSONL}),
+    )
+    assert first.status_code == 202 and full.status_code == 429 and never.status_code == 413
+    assert "more than 10 items" in never.json()["error"]["message"]
+    waiting = keys.waiting_items_key("inferq.echo.bulk")
+    assert redis.get(waiting) == b"8" and redis.ttl(waiting) > 0
+    worker = _worker(redis, settings)
+    queue = next(q for q in worker.queues if q.name == "inferq.echo.bulk")
+    redis.lmove(queue.key, queue.intermediate_queue_key)
+    worker._start(queue, worker._collect(queue, keys.chunk_id(first.json()["id"], 0), 1))
+    assert redis.get(waiting) == b"7"  # a started item no longer waits
+    assert bulk.cancel_batch(redis, settings, first.json()["id"]) == "ok"
+    assert redis.get(waiting) == b"0"
+    (room,) = _api(settings, ("POST", post, {"content": _jsonl(10, "d"), "headers": JSONL}))
+    assert room.status_code == 202 and redis.get(waiting) == b"10"

@@ -98,6 +98,7 @@ def test_a_chunk_holding_a_lone_surrogate_id_that_expired_in_its_queue_ends_expi
     assert view is not None and view["status"] == "finished"
     assert view["counts"] == {"total": 4, "queued": 0, "running": 0, "finished": 2, "failed": 2, "canceled": 0}
     assert redis.llen("rq:queue:inferq.echo.bulk") == 0 and redis.llen("rq:queue:inferq.echo.bulk:intermediate") == 0
+    assert redis.get(keys.waiting_items_key("inferq.echo.bulk")) == b"0"  # the expired items wait no more
 
 
 def test_a_chunk_holding_a_lone_surrogate_id_whose_worker_died_with_no_retries_ends_failed(

@@ -17,7 +17,7 @@ from api.bulk_upload import LineChecker, read_upload
 from api.deps import Model, State
 from api.schemas import ERRORS
 from shared import keys
-from shared.errors import Conflict, InvalidInput, NotFound
+from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.jobs import new_job_id
 from shared.lifecycle import bulk, upload
 from shared.lifecycle.upload import BatchWriter
@@ -97,6 +97,7 @@ async def submit_batch(
         result_ttl_s,
         owner,
         webhook,
+        config.max_queue_length,
     )
     checker = LineChecker(config, settings, writer)
     try:
@@ -113,6 +114,8 @@ async def submit_batch(
         raise
     if verdict == "dup":
         return await _replayed(request, state, owner, existing, fingerprint.hexdigest())
+    if verdict == "full":
+        raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
     if verdict == "stale":
         raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
     view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)

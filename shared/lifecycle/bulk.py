@@ -55,8 +55,10 @@ class NewBatch:
         return len(self.items) + len(self.refused)
 
 
-def enqueue_batch(connection: Redis, settings: Settings, new: NewBatch) -> tuple[str, str]:
-    """Write and queue the batch: ("ok", ""), ("dup", the Idempotency-Key's value) or ("stale", "")."""
+def enqueue_batch(
+    connection: Redis, settings: Settings, new: NewBatch, max_queue_length: int | None = None
+) -> tuple[str, str]:
+    """Write and queue the batch: ("ok", ""), ("dup", the Idempotency-Key's value), ("full", "") or ("stale", "")."""
     writer = BatchWriter(
         connection,
         settings,
@@ -67,6 +69,7 @@ def enqueue_batch(connection: Redis, settings: Settings, new: NewBatch) -> tuple
         new.result_ttl_s,
         owner=new.owner,
         webhook=new.webhook,
+        max_queue_length=max_queue_length,
     )
     for line in new.refused:
         writer.fail(line)
@@ -136,7 +139,7 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     qk = layout.queue_keys(keys.queue_name(model.decode(), lane.decode()))
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
-    fixed += store.metrics_keys(model.decode())[:2]
+    fixed += [*store.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
     per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
     for start in range(0, max(int(chunks or 0), 1), per_call):
         # The chunk list is complete and never changes once the batch is visible.

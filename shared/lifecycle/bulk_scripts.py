@@ -72,24 +72,31 @@ return #ids
 )
 
 # A staged upload becomes a batch, hidden (`pending`) until its chunks are queued: unless an Idempotency-Key
-# already names a batch ('dup', with its value) or the staged chunks expired ('stale': the upload took longer
-# than their TTL), the key is taken for a while, the record written and the staged lists kept as long as it.
-# Reads and checks come before the first write.
+# already names a batch ('dup', with its value), the staged chunks expired ('stale': the upload took longer than
+# their TTL), or the lane has no room for it ('full'), the key is taken for a while, the record written and the
+# staged lists kept as long as it. Reads and checks come before the first write.
 # KEYS: queue, queues set, record, chunks list, results list, ids hash, idempotency key (the record again when
-# there is none, untouched), the first chunk's job.
-# ARGV: has idempotency ("1"/"0"), its value, its ttl while pending, record ttl, record field count, record pairs.
+# there is none, untouched), the queue's waiting items, the first chunk's job.
+# ARGV: has idempotency ("1"/"0"), its value, its ttl while pending, record ttl, the most chunks the queue may
+# hold ('' for no such bound), the most items it may have waiting ('' for none), chunks, items, record field
+# count, record pairs.
 QUEUE_BATCH = Script(
     "queue-batch",
-    ("queue", "queues", "record", "chunks", "results", "ids", "idempotency", "first_job"),
+    ("queue", "queues", "record", "chunks", "results", "ids", "idempotency", "waiting", "first_job"),
     source="""
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[7])
   if existing then return {'dup', existing} end
 end
-if redis.call('EXISTS', KEYS[8]) == 0 then return {'stale', ''} end
+if redis.call('EXISTS', KEYS[9]) == 0 then return {'stale', ''} end
+local chunks, items = tonumber(ARGV[7]), tonumber(ARGV[8])
+if ARGV[5] ~= '' and redis.call('LLEN', KEYS[1]) + chunks > tonumber(ARGV[5]) then return {'full', ''} end
+if ARGV[6] ~= '' and (tonumber(redis.call('GET', KEYS[8])) or 0) + items > tonumber(ARGV[6]) then
+  return {'full', ''}
+end
 if ARGV[1] == '1' then redis.call('SET', KEYS[7], ARGV[2], 'EX', ARGV[3]) end
-local n = tonumber(ARGV[5])
-redis.call('HSET', KEYS[3], unpack(ARGV, 6, 5 + 2 * n))
+local n = tonumber(ARGV[9])
+redis.call('HSET', KEYS[3], unpack(ARGV, 10, 9 + 2 * n))
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('EXPIRE', KEYS[5], ARGV[4]) end
@@ -99,12 +106,13 @@ return {'ok', ''}
 """,
 )
 
-# A slice of a batch's staged chunks into its queue, in order, each with the TTLs of a queued job from now.
-# Workers may start them at once. KEYS: queue; per chunk: job, payload, info. ARGV: job ttl, payload ttl, info
-# ttl, then the chunk ids.
+# A slice of a batch's staged chunks into its queue, in order, each with the TTLs of a queued job from now;
+# the queue's count of waiting items grows by theirs (its TTL at least ARGV[4]). Workers may start them at once.
+# KEYS: queue, waiting items; per chunk: job, payload, info. ARGV: job ttl, payload ttl, info ttl, waiting
+# ttl, the slice's items, then the chunk ids.
 PUSH_CHUNKS = Script(
     "push-chunks",
-    ("queue",),
+    ("queue", "waiting"),
     per_item=("job", "payload", "info"),
     source="""
 local ids, n = {}, 0
@@ -113,9 +121,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
   redis.call('EXPIRE', KEYS[k + 1], ARGV[2])
   redis.call('EXPIRE', KEYS[k + 2], ARGV[3])
   n = n + 1
-  ids[n] = ARGV[3 + n]
+  ids[n] = ARGV[5 + n]
 end
 if n > 0 then redis.call('RPUSH', KEYS[1], unpack(ids)) end
+redis.call('INCRBY', KEYS[2], ARGV[5])
+if redis.call('TTL', KEYS[2]) < tonumber(ARGV[4]) then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
 return n
 """,
 )
@@ -152,12 +162,12 @@ return 'ok'
 # A canceled chunk leaves the queue list here only while the slice's LREMs read at most ARGV[7] entries in all
 # (queue length x chunks); else its id stays until a worker pops it, and the start drops it (no longer queued).
 # KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the queues
-# set, the model's metrics and window; per chunk: job, info, payload.
+# set, the model's metrics and window, the queue's waiting items; per chunk: job, info, payload.
 # ARGV: owner ('' for any), canceled ttl, now, stamp, channel, a canceled item's line tail (``store.line_tail``),
 # the scan bound, metrics group, delivery template.
 CANCEL_CHUNKS = Script(
     "cancel-chunks",
-    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window"),
+    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window", "waiting"),
     per_item=("job", "info", "payload"),
     source=_ANNOUNCE
     + """
@@ -183,7 +193,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('ZADD', KEYS[4], now_s + ttl, id)
     local lines = chunk_lines(info, canceled_tail)
     local moved = {[chunk_from(info)] = -items, canceled = items}
-    batch_progress(record, results, lines, moved, stamp, channel, hook)
+    batch_progress(record, results, lines, moved, KEYS[10], stamp, channel, hook)
     redis.call('DEL', payload)
     redis.call('EXPIRE', job, ttl)
     redis.call('EXPIRE', info, ttl)

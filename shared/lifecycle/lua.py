@@ -34,6 +34,12 @@ local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id,
   redis.call('RPUSH', hook_queue, delivery_id)
   redis.call('SADD', queues_set, hook_queue)
 end
+-- The bulk items waiting in a queue (keys.waiting_items_key), the bulk lane's bound: moved by n. A count whose
+-- key expired stays gone (an INCRBY would re-create it without a TTL), and never goes below 0.
+local function waiting_add(key, n)
+  if not key or n == 0 or redis.call('EXISTS', key) == 0 then return end
+  if redis.call('INCRBY', key, n) < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+end
 -- A bulk batch ends once every item ended, and not while its upload is still being queued (`pending`: the
 -- upload's last step ends it then). hook: where its own webhook delivery goes {delivery, tpl, hook_queue, queues_set}.
 local function batch_end_if_done(record, results, stamp, channel, hook)
@@ -51,8 +57,10 @@ local function batch_end_if_done(record, results, stamp, channel, hook)
   end
 end
 -- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
--- lines: JSON strings; moved: {field = n} added to the record's counts.
-local function batch_progress(record, results, lines, moved, stamp, channel, hook)
+-- lines: JSON strings; moved: {field = n} added to the record's counts (queued items also leave `waiting`, the
+-- queue's count, or false).
+local function batch_progress(record, results, lines, moved, waiting, stamp, channel, hook)
+  if moved.queued then waiting_add(waiting, moved.queued) end
   -- A record that expired is not re-created without a TTL by the counts below.
   if redis.call('EXISTS', record) == 0 then return end
   for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end

@@ -88,7 +88,8 @@ return {'ok', ''}
 # line tail (``store.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
 START = Script(
     "start",
-    ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures"),
+    # waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
+    ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures", "waiting"),
     # record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
     per_item=(
         "job",
@@ -129,7 +130,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
       local lines = chunk_lines(info, expired_tail)
       local moved = {[chunk_from(info)] = -items, failed = items}
-      batch_progress(record, results, lines, moved, stamp, channel, hook)
+      batch_progress(record, results, lines, moved, KEYS[8], stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
       metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
@@ -163,6 +164,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
     if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
+      waiting_add(KEYS[8], -items)
       if redis.call('EXISTS', record) == 1 then  -- one that expired is not re-created without a TTL
         redis.call('HINCRBY', record, 'queued', -items)
         redis.call('HINCRBY', record, 'running', items)
@@ -258,7 +260,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       end
       if j.lines then
         local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]}
-        batch_progress(record, results, j.lines, j.moved, j.ended_at, channel, hook)
+        batch_progress(record, results, j.lines, j.moved, false, j.ended_at, channel, hook)
       end
       announce({info = info, attempts = attempts, delivery = delivery,
                 job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
@@ -365,6 +367,7 @@ ANNOUNCE_FAILED = Script(
         "metrics",
         "window",
         "failures",
+        "waiting",
     ),
     source=_ANNOUNCE
     + """
@@ -373,7 +376,7 @@ local m, after_metrics = read_metrics(5)
 local tpl, at = read_template(after_metrics)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures =
+  local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures, waiting =
     unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
   local id = ARGV[at + n]
@@ -381,7 +384,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local items = tonumber(redis.call('HGET', info, 'items')) or 0
   if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
     local lines = chunk_lines(info, died_tail)
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, waiting, stamp, channel,
+                   hook)
     redis.call('DEL', payload)
   end
   if redis.call('HGET', job, 'status') == 'failed' then

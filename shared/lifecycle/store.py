@@ -255,6 +255,7 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
         + [keys.payload_key(i), *_batch_keys(i), *metrics_keys(keys.model_from_queue(_text(origin or b"")))]
+        + [keys.waiting_items_key(_text(origin or b""))]
         for i, origin in zip(job_ids, origins, strict=True)
     ]
     told = scripts.ANNOUNCE_FAILED(
@@ -414,7 +415,7 @@ def start(
         args += [job_id, execution_id]
     position = len(pipe)
     fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *metrics_keys(model)]
-    scripts.START(pipe, fixed, per_job, args)
+    scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args)
     return StartCall(position, started_at, execution_ids)
 
 

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from rq.utils import now, utcformat
 
 from shared import keys
+from shared.errors import PayloadTooLarge
 from shared.lifecycle import bulk_scripts, layout, store
 from shared.settings import Settings
 
@@ -71,12 +72,17 @@ class BatchWriter:
         result_ttl_s: int,
         owner: str | None = None,
         webhook: str | None = None,
+        max_queue_length: int | None = None,
     ) -> None:
         self.connection, self.settings = connection, settings
         self.id, self.model, self.lane = batch_id, model, lane
         self.chunk_size, self.result_ttl_s = chunk_size, result_ttl_s
         self.owner, self.webhook = owner, webhook
         self.queue_name = keys.queue_name(model, lane)
+        # The lane's bound (README, "Bulk batches"): the interactive lane counts chunks as single jobs, the bulk
+        # lane counts waiting items.
+        self.max_chunks = (max_queue_length or settings.max_queue_length) if lane == keys.INTERACTIVE else None
+        self.max_items = settings.max_bulk_queued_items if lane == keys.BULK else None
         self.created = now()
         window_s = settings.batch_window_s
         self.live_s = window_s + settings.job_timeout_s + 60
@@ -115,6 +121,11 @@ class BatchWriter:
     def add(self, item: BulkItem) -> None:
         """Take one item; a full slice is staged."""
         self.items += 1
+        if self.max_items is not None and self.items > self.max_items:
+            raise PayloadTooLarge(
+                f"the upload holds more than {self.max_items} items, the most the bulk lane of model {self.model}"
+                " may hold (INFERQ_MAX_BULK_QUEUED_ITEMS); split it"
+            )
         self._chunk.append(item)
         if len(self._chunk) == self.chunk_size:
             self._close_chunk()
@@ -129,7 +140,7 @@ class BatchWriter:
     def commit(
         self, idempotency: tuple[str, str] | None = None, refused_count: int = 0, refused: Sequence[Any] = ()
     ) -> tuple[str, str]:
-        """Queue and publish the batch: ("ok", ""), ("dup", the key's value) or ("stale", "").
+        """Queue and publish the batch: ("ok", ""), ("dup", the key's value), ("full", "") or ("stale", "").
 
         ``refused`` (the refused lines the answer lists, of ``refused_count``) is kept for a replay of the upload.
         """
@@ -161,11 +172,13 @@ class BatchWriter:
             record["webhook"] = self.webhook
         qk = layout.queue_keys(self.queue_name)
         idem_key, idem_value = idempotency or (keys.batch_key(self.id), "")
+        waiting = keys.waiting_items_key(self.queue_name)
         fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(self.id), keys.batch_chunks_key(self.id)]
-        fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key]
+        fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key, waiting]
         fixed += [layout.job_key(keys.chunk_id(self.id, 0))]
         args: list[Any] = ["1" if idempotency else "0", idem_value, PENDING_IDEMPOTENCY_TTL_S, self.record_ttl_s]
-        args += [len(record), *(value for pair in record.items() for value in pair)]
+        args += ["" if self.max_chunks is None else self.max_chunks, "" if self.max_items is None else self.max_items]
+        args += [chunks, self.items, len(record), *(value for pair in record.items() for value in pair)]
         verdict, existing = (_text(v) for v in bulk_scripts.QUEUE_BATCH(self.connection, fixed, args=args))
         if verdict != "ok":
             self.discard()
@@ -174,9 +187,10 @@ class BatchWriter:
         for start in range(0, chunks, PUSH_SLICE_CHUNKS):
             numbers = range(start, min(start + PUSH_SLICE_CHUNKS, chunks))
             ids = [keys.chunk_id(self.id, n) for n in numbers]
+            items = sum(min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers)
             per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
-            args = [self.settings.batch_window_s, self.live_s, self.info_ttl_s, *ids]
-            bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue], per_chunk, args)
+            args = [self.settings.batch_window_s, self.live_s, self.info_ttl_s, self.live_s, items, *ids]
+            bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue, waiting], per_chunk, args)
         hk = layout.hooks()
         fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.delivery_key(self.id)]
         fixed += [hk.queue, layout.QUEUES_SET]
