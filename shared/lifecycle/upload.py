@@ -1,9 +1,10 @@
 """Writing a bulk batch in bounded steps: no Redis call does more than one slice of it, and the writer holds at
 most one slice of its items, so the API's memory does not grow with the upload.
 
-1. **Stage** (``STAGE_CHUNKS``, a slice at a time, as the API reads the upload): each chunk's input, info hash
-   and RQ job hash, the chunk ids, the refused lines' result lines. Nothing is queued and no record names
-   them: an upload that dies here (client gone, API killed) leaves keys that expire in ``STAGE_TTL_S``.
+1. **Stage** (a round trip a slice, as the API reads the upload): each chunk's input (a plain SET), its info
+   and RQ job hashes, the chunk ids and the refused lines' result lines (``STAGE_CHUNKS``). Nothing is queued
+   and no record names them: an upload that dies here (client gone, API killed) leaves keys that expire in
+   ``STAGE_TTL_S``.
 2. **Queue** (``QUEUE_BATCH``, one bounded step): the Idempotency-Key and the lane's bound are checked and the
    record written, ``pending``: hidden from every route (its reads, cancel and results answer 404).
 3. **Push** (``PUSH_CHUNKS``, a slice at a time): the chunks enter the queue with a queued job's TTLs, and
@@ -231,31 +232,33 @@ class BatchWriter:
             self._stage()
 
     def _stage(self) -> None:
-        """One staging call: the full chunks and refused lines taken since the last."""
+        """One staging round trip: the full chunks and refused lines taken since the last."""
         if not self._ready and not self._refused:
             return
         per_chunk, args = [], [STAGE_TTL_S, len(self._refused), *self._refused]
-        for chunk in self._ready:
-            chunk_id = keys.chunk_id(self.id, self.chunks)
-            self.chunks += 1
-            per_chunk.append([layout.job_key(chunk_id), keys.payload_key(chunk_id), keys.info_key(chunk_id)])
-            info = {
-                "id": chunk_id,
-                "model": self.model,
-                "batch": self.id,
-                "items": len(chunk),
-                "content_type": CHUNK_CONTENT_TYPE,
-                "result_ttl_s": self.result_ttl_s,
-                "deadline": self._deadline,
-                # The scripts that end a chunk unrun write its lines from these, never decoding client text.
-                "custom_ids": encode_ids(item.custom_id for item in chunk),
-            }
-            job = {**self._job, "description": f"{self.model} bulk chunk of {len(chunk)} (batch {self.id})"}
-            args += [chunk_id, _chunk_body(chunk), len(info), *(v for pair in info.items() for v in pair)]
-            args += [len(job), *(v for pair in job.items() for v in pair)]
-        bulk_scripts.STAGE_CHUNKS(
-            self.connection, [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id)], per_chunk, args
-        )
+        with self.connection.pipeline(transaction=False) as pipe:
+            for chunk in self._ready:
+                chunk_id = keys.chunk_id(self.id, self.chunks)
+                self.chunks += 1
+                pipe.set(keys.payload_key(chunk_id), _chunk_body(chunk), ex=STAGE_TTL_S)
+                per_chunk.append([layout.job_key(chunk_id), keys.info_key(chunk_id)])
+                info = {
+                    "id": chunk_id,
+                    "model": self.model,
+                    "batch": self.id,
+                    "items": len(chunk),
+                    "content_type": CHUNK_CONTENT_TYPE,
+                    "result_ttl_s": self.result_ttl_s,
+                    "deadline": self._deadline,
+                    # The scripts that end a chunk unrun write its lines from these, never decoding client text.
+                    "custom_ids": encode_ids(item.custom_id for item in chunk),
+                }
+                job = {**self._job, "description": f"{self.model} bulk chunk of {len(chunk)} (batch {self.id})"}
+                args += [chunk_id, len(info), *(v for pair in info.items() for v in pair)]
+                args += [len(job), *(v for pair in job.items() for v in pair)]
+            lists = [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id)]
+            bulk_scripts.STAGE_CHUNKS(pipe, lists, per_chunk, args)
+            pipe.execute()
         self._ready, self._refused = [], []
         self._ready_items = self._ready_bytes = 0
 
