@@ -73,6 +73,7 @@ class LineChecker:
 
     def take(self, lines: Sequence[tuple[int, bytes | None]]) -> None:
         """Check a slice of (line number, line; None for one over ``line_limit``, dropped unread)."""
+        outcomes: dict[int, BulkItem | tuple[str | None, AppError]] = {}  # by line: an item, or a refusal
         candidates: list[tuple[int, dict[str, Any], str]] = []
         for number, raw in lines:
             if raw is not None and not raw.strip():
@@ -80,7 +81,7 @@ class LineChecker:
             try:
                 candidates.append((number, *self._parsed(raw)))
             except AppError as exc:
-                self._refuse(number, None, exc)
+                outcomes[number] = (None, exc)
         # Repeats are found in Redis, across slices: the API keeps no set of every id an upload held.
         firsts = self.sink.check_ids([(custom_id, number) for number, _, custom_id in candidates])
         for (number, line, custom_id), first in zip(candidates, firsts, strict=True):
@@ -90,11 +91,15 @@ class LineChecker:
                 unknown = set(line) - _LINE_FIELDS
                 if unknown:
                     raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
-                item = self._item(line, custom_id)
+                outcomes[number] = self._item(line, custom_id)
             except AppError as exc:
-                self._refuse(number, None if first else custom_id, exc)
-                continue
-            self.sink.add(item)  # outside the try: an upload past its lane's bound is refused whole
+                outcomes[number] = (None if first else custom_id, exc)
+        for number in sorted(outcomes):  # in line order, as the answer lists them and the results hold them
+            outcome = outcomes[number]
+            if isinstance(outcome, BulkItem):
+                self.sink.add(outcome)  # may refuse the whole upload: past its lane's bound
+            else:
+                self._refuse(number, *outcome)
 
     def _parsed(self, raw: bytes | None) -> tuple[dict[str, Any], str]:
         if raw is None:

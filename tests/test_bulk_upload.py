@@ -4,8 +4,11 @@ end and no key without a TTL (real redis-server, the API through httpx.ASGITrans
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +122,32 @@ def test_a_replay_answers_the_same_batch_waiting_a_while_for_one_still_being_que
     (changed,) = _api(settings, ("POST", "/v1/models/echo/batches", other))
     assert changed.status_code == 422
     assert redis.llen(QUEUE) == 3 and len(list(redis.scan_iter("inferq:batch:*:ids"))) == 0
+
+
+def test_lines_are_numbered_across_blocks_and_one_past_the_limit_is_dropped_unread() -> None:
+    body = b'{"a": 1}\n\n' + b"x" * 25 + b'\n{"b": 2}\n{"c": 3}'
+    blocks = [body[i : i + 4] for i in range(0, len(body), 4)]  # lines split across blocks of 4 bytes
+
+    async def numbered() -> list[tuple[int, bytes | None]]:
+        async def source() -> AsyncIterator[bytes]:
+            for block in blocks:
+                yield block
+
+        hasher = hashlib.sha256()
+        lines = [line async for line in bulk_upload._numbered_lines(source(), 20, hasher)]
+        assert hasher.digest() == hashlib.sha256(body).digest()
+        return lines
+
+    assert asyncio.run(numbered()) == [(1, b'{"a": 1}'), (2, b""), (3, None), (4, b'{"b": 2}'), (5, b'{"c": 3}')]
+
+
+def test_a_multipart_upload_is_read_from_its_file_field(redis: redis_py.Redis, settings: Settings) -> None:
+    form, no_file = _api(
+        settings,
+        ("POST", "/v1/models/echo/batches", {"files": {"file": ("items.jsonl", _jsonl(3), "application/jsonl")}}),
+        ("POST", "/v1/models/echo/batches", {"data": {"other": "x"}, "files": {"x": ("x.txt", b"", "text/plain")}}),
+    )
+    assert form.status_code == 202, form.text
+    assert form.json()["counts"]["queued"] == 3 and redis.llen(QUEUE) == 3
+    assert no_file.status_code == 422
+    assert no_file.json()["error"]["message"] == "the form needs a 'file' field holding the JSONL"
