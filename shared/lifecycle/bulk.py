@@ -21,6 +21,7 @@ from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
 from shared.lifecycle import bulk_scripts, layout, store
+from shared.lifecycle.lua import CANCELED_LINE_TAIL
 from shared.lifecycle.upload import BatchWriter
 from shared.lifecycle.upload import BulkItem as BulkItem
 from shared.lifecycle.upload import decode_chunk as decode_chunk
@@ -146,7 +147,7 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
         per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
         args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
-        args += [store.CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *store.metrics_args()]
+        args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *store.metrics_args()]
         args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
         verdict = _text(bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args)[0])
         if verdict != "ok":

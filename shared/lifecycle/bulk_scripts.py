@@ -163,7 +163,7 @@ return 'ok'
 # (queue length x chunks); else its id stays until a worker pops it, and the start drops it (no longer queued).
 # KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the queues
 # set, the model's metrics and window, the queue's waiting items; per chunk: job, info, payload.
-# ARGV: owner ('' for any), canceled ttl, now, stamp, channel, a canceled item's line tail (``store.line_tail``),
+# ARGV: owner ('' for any), canceled ttl, now, stamp, channel, a canceled item's line tail (``lua.line_tail``),
 # the scan bound, metrics group, delivery template.
 CANCEL_CHUNKS = Script(
     "cancel-chunks",

@@ -8,6 +8,7 @@ library (Redis 7's functions would be one, but inferq supports Redis >= 6.2).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -140,6 +141,21 @@ local function announce(d)
   return true
 end
 """
+
+
+def line_tail(status: str, error: str | None = None) -> str:
+    """What follows the custom_id in a line ``chunk_lines`` writes for a chunk that ends unrun: ``,"status":…}``.
+
+    Encoded here, as the custom ids were at upload: the scripts only join text, never decode what a client sent.
+    """
+    fields = {"status": status} if error is None else {"status": status, "error": error}
+    return "," + json.dumps(fields, separators=(",", ":"))[1:]
+
+
+EXPIRED_LINE_TAIL = line_tail("expired", "expired: still queued when the batch window ended")
+DIED_LINE_TAIL = line_tail("failed", "the worker running this item died (killed or crashed) and no retries were left")
+CANCELED_LINE_TAIL = line_tail("canceled")
+
 
 Items = Sequence[Sequence[str]]
 

@@ -85,7 +85,7 @@ return {'ok', ''}
 # started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
 # and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
 # ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, an expired chunk's
-# line tail (``store.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
+# line tail (``lua.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
 START = Script(
     "start",
     # waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
@@ -350,7 +350,7 @@ return {'ok'}
 )
 
 # Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
-# once, and counted. ARGV: failure ttl, stamp, channel, a chunk's line tail (``store.line_tail``), metrics
+# once, and counted. ARGV: failure ttl, stamp, channel, a chunk's line tail (``lua.line_tail``), metrics
 # group, delivery template, then per job its id. Returns the ids told.
 ANNOUNCE_FAILED = Script(
     "announce-failed",

@@ -9,7 +9,6 @@ exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from shared import keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
+from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL
 from shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
@@ -57,20 +57,6 @@ def metrics_keys(model: str, at: float | None = None) -> list[str]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def line_tail(status: str, error: str | None = None) -> str:
-    """What follows the custom_id in a result line a script writes for a chunk that ends unrun: ``,"status":…}``.
-
-    Encoded here, as the custom ids were at upload: the scripts only join text, never decode what a client sent.
-    """
-    fields = {"status": status} if error is None else {"status": status, "error": error}
-    return "," + json.dumps(fields, separators=(",", ":"))[1:]
-
-
-EXPIRED_LINE_TAIL = line_tail("expired", "expired: still queued when the batch window ended")
-DIED_LINE_TAIL = line_tail("failed", "the worker running this item died (killed or crashed) and no retries were left")
-CANCELED_LINE_TAIL = line_tail("canceled")
 
 
 # -- the API's side -----------------------------------------------------------------------------
