@@ -80,6 +80,16 @@ def batch_chunks_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:chunks"
 
 
+def batch_ids_key(batch_id: str) -> str:
+    """A hash of the custom ids an upload took so far, each to the line that first held it; gone once queued."""
+    return f"{PREFIX}:batch:{batch_id}:ids"
+
+
+def waiting_items_key(queue_name: str) -> str:
+    """The number of bulk batch items waiting in an RQ queue (their chunks queued, not yet started)."""
+    return f"{PREFIX}:waiting-items:{queue_name}"
+
+
 def chunk_id(batch_id: str, number: int) -> str:
     return f"{CHUNK_PREFIX}{batch_id}-{number}"
 

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     # How long a bulk batch's items may wait to run, and the largest upload.
     batch_window_s: int = Field(default=86400, ge=60)
     max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    # Past this many bulk batch items waiting in a model's bulk lane, uploads to it answer 429 (uploads to the
+    # interactive lane count their chunks against max_queue_length instead, as single jobs do).
+    max_bulk_queued_items: int = Field(default=1_000_000, ge=1)
     # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
     bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
     # After an interactive batch, how long a worker waits for more interactive work before it starts a bulk

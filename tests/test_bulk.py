@@ -97,6 +97,8 @@ def test_results_stream_while_the_batch_runs(redis: redis_py.Redis, settings: Se
     worker._finisher.wait()  # the results are stored on the finisher's thread
     assert [line["custom_id"] for line in _lines(redis, batch_id)] == [f"item-{i}" for i in range(4)]
     assert bulk.read_batch(redis, batch_id)["counts"]["finished"] == 4
+    # Lines written before the end expire with the record, should the batch never end.
+    assert 0 < redis.ttl(keys.batch_results_key(batch_id)) <= redis.ttl(keys.batch_key(batch_id))
 
 
 def test_cancel_keeps_finished_lines_and_cancels_what_has_not_run(redis: redis_py.Redis, settings: Settings) -> None:
@@ -117,6 +119,32 @@ def test_cancel_keeps_finished_lines_and_cancels_what_has_not_run(redis: redis_p
     assert statuses == {f"item-{i}": "finished" if i < 4 else "canceled" for i in range(12)}
     assert redis.llen("rq:queue:inferq.echo.bulk") == 0
     assert bulk.cancel_batch(redis, settings, batch_id) == "ended"
+
+
+def test_a_cancel_while_every_remaining_chunk_runs_cancels_nothing_and_the_batch_ends_finished(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    batch_id = _batch(redis, settings, _items(4))  # one chunk
+    worker = _worker(redis, settings, "late-cancel")
+    queue = next(q for q in worker.queues if q.name == "inferq.echo.bulk")
+    redis.lmove(queue.key, queue.intermediate_queue_key)
+    items = worker._start(queue, worker._collect(queue, keys.chunk_id(batch_id, 0), 4))
+    assert bulk.cancel_batch(redis, settings, batch_id) == "ok"  # nothing left to cancel: the chunk runs
+    worker._run(worker.runners["echo"], items, queue)
+    worker._finisher.wait()
+    view = bulk.read_batch(redis, batch_id)
+    assert view is not None and view["status"] == "finished"  # its status follows its counts
+    assert view["counts"] == {"total": 4, "queued": 0, "running": 0, "finished": 4, "failed": 0, "canceled": 0}
+
+
+def test_a_chunk_that_ends_after_its_batch_record_expired_recreates_nothing(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    batch_id = _batch(redis, settings, _items(2))
+    redis.delete(keys.batch_key(batch_id))  # its record expired first (no worker for longer than its TTL)
+    _worker(redis, settings, "late").work(burst=True)  # the chunk starts and finishes
+    assert redis.exists(keys.batch_key(batch_id)) == 0
+    assert [k for k in redis.scan_iter("inferq:*") if redis.ttl(k) == -1] == []
 
 
 def test_a_chunk_whose_worker_died_runs_again_and_adds_its_lines_once(

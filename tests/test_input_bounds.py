@@ -7,6 +7,7 @@ import io
 import json
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ from PIL import Image
 
 from api import inputs
 from api.app import create_app
-from api.routers.batches import CUSTOM_ID_MAX, parse_upload
+from api.bulk_upload import CUSTOM_ID_MAX, LineChecker
 from api.schemas import WEBHOOK_MAX_CHARS
 from shared.errors import PayloadTooLarge
 from shared.inputs import input_kind
 from shared.inputs.tensor import FLOAT_MAX, INT64_MIN
+from shared.lifecycle.upload import BulkItem
 from shared.models import ModelConfig
 from shared.settings import Settings
 from tests.test_inputs import write_models
@@ -138,12 +140,31 @@ def test_no_legitimate_tensor_body_is_over_the_bound(settings: Settings, shape: 
         inputs.check_json_size(config, kind, b" " * (limit + 1))
 
 
+class _Sink:
+    """What a BatchWriter takes from the line checker, kept."""
+
+    def __init__(self) -> None:
+        self.items: list[BulkItem] = []
+        self.failed: list[str] = []
+
+    def check_ids(self, pairs: Sequence[tuple[str, int]]) -> list[int]:
+        return [0] * len(pairs)
+
+    def add(self, item: BulkItem) -> None:
+        self.items.append(item)
+
+    def fail(self, line: str) -> None:
+        self.failed.append(line)
+
+
 def test_a_jsonl_line_far_past_the_tensor_bound_is_refused_alone(settings: Settings) -> None:
     config = ModelConfig(name="pair", weights="none", input={"kind": "tensor", "shape": [2]})
     huge = b'{"custom_id": "b", "inputs": [' + b",".join([b"0.5"] * 100_000) + b"]}"
-    upload = parse_upload(config, b'{"custom_id": "a", "inputs": [1, 2]}\n' + huge + b"\n", settings)
-    assert [item.custom_id for item in upload.items] == ["a"]
-    assert upload.refused == [
+    sink = _Sink()
+    checker = LineChecker(config, settings, sink)
+    checker.take([(1, b'{"custom_id": "a", "inputs": [1, 2]}'), (2, huge)])
+    assert [item.custom_id for item in sink.items] == ["a"]
+    assert checker.refusals.shown == [
         {
             "line": 2,
             "custom_id": None,

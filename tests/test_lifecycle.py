@@ -22,6 +22,7 @@ from shared import keys
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, enqueue_job_async, get_job_view, new_job_id
 from shared.lifecycle import bulk, layout, scripts, store
 from shared.lifecycle.bulk import BulkItem, NewBatch
+from shared.lifecycle.upload import BatchWriter
 from shared.rqjson import JSONJob
 from shared.settings import Settings
 from tests.test_batching import _runner
@@ -137,6 +138,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     items = [BulkItem(f"c{i}", json.dumps({"inputs": [i, i]}).encode(), "application/json") for i in range(6)]
     batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, idempotency=("inferq:idem:b", "x y"))
     bulk.enqueue_batch(redis, settings, batch)
+    BatchWriter(redis, settings, new_job_id(), "echo", keys.BULK, 4, 600).check_ids([("c0", 1), ("c0", 2)])
     worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="declared")
     worker.work(burst=True)
     canceled_batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items)

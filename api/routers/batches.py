@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
+import anyio
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.datastructures import UploadFile
 
 from api.auth import Owner
+from api.bulk_upload import LineChecker, read_upload
 from api.deps import Model, State
-from api.inputs import check_json_size, read_body
 from api.schemas import ERRORS
 from shared import keys, shards
-from shared.errors import AppError, Conflict, InvalidInput, NotFound
-from shared.inputs import input_kind
-from shared.lifecycle import bulk
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.models import ModelConfig
-from shared.settings import Settings
+from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from shared.lifecycle import bulk, upload
+from shared.lifecycle.upload import BatchWriter
 from shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["batches"])
@@ -35,14 +29,12 @@ class JSONLResponse(StreamingResponse):
     media_type = "application/jsonl"
 
 
-CUSTOM_ID_MAX = 256
-# How many refused lines the upload's answer lists (all of them are counted).
-REFUSED_SHOWN = 100
 RESULTS_PAGE = 1000
 # A batch's results are one Redis list, which holds at most 2^32 - 1 lines: no offset past that can skip
 # a line, and a larger one made Redis refuse the LRANGE after the 200 had been sent (a body cut short).
 RESULTS_OFFSET_MAX = 2**32 - 1
-_LINE_FIELDS = {"custom_id", "inputs", "image"}
+# How long a replayed upload waits for its first upload, still being queued, to be answered before a 409.
+PENDING_WAIT_S = 10.0
 _UPLOAD_BODY = {
     "requestBody": {
         "required": True,
@@ -60,70 +52,6 @@ _UPLOAD_BODY = {
 }
 
 
-@dataclass
-class Upload:
-    """An upload's lines, checked as single submits are."""
-
-    items: list[BulkItem] = field(default_factory=list)
-    # Result lines of refused lines that carry a usable custom_id: they count, and fail alone.
-    failed_lines: list[str] = field(default_factory=list)
-    refused: list[dict[str, Any]] = field(default_factory=list)
-
-
-def parse_upload(config: ModelConfig, body: bytes, settings: Settings) -> Upload:
-    """One item per JSONL line; a bad line is refused alone, by line number and custom_id."""
-    kind = input_kind(config.input)
-    upload = Upload()
-    seen: dict[str, int] = {}
-    for number, raw in enumerate(body.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        custom_id: str | None = None
-        try:
-            check_json_size(config, kind, raw, "line")
-            try:
-                line = json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                raise InvalidInput(f"not valid JSON: {exc}") from None
-            if not isinstance(line, dict):
-                raise InvalidInput("each line must be a JSON object")
-            candidate = line.get("custom_id")
-            if not isinstance(candidate, str) or not 1 <= len(candidate) <= CUSTOM_ID_MAX:
-                raise InvalidInput(f"custom_id must be a string of 1 to {CUSTOM_ID_MAX} characters")
-            if candidate in seen:
-                raise InvalidInput(f"custom_id {candidate!r} repeats line {seen[candidate]}")
-            seen[candidate] = number
-            custom_id = candidate
-            unknown = set(line) - _LINE_FIELDS
-            if unknown:
-                raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
-            upload.items.append(_item(config, kind, line, custom_id, settings))
-        except AppError as exc:
-            error = f"line {number}: {exc.message}"
-            upload.refused.append({"line": number, "custom_id": custom_id, "error": error})
-            if custom_id is not None:
-                line_out = {"custom_id": custom_id, "status": "failed", "error": error}
-                upload.failed_lines.append(json.dumps(line_out, separators=(",", ":")))
-    return upload
-
-
-def _item(config: ModelConfig, kind: Any, line: dict[str, Any], custom_id: str, settings: Settings) -> BulkItem:
-    if "inputs" in line and kind.from_json is not None:
-        payload = kind.from_json(config.input, line["inputs"], config.name, settings)
-    elif "image" in line and kind.from_bytes is not None:
-        if not isinstance(line["image"], str):
-            raise InvalidInput("image must be a base64 string")
-        try:
-            data = base64.b64decode(line["image"], validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidInput("image is not valid base64") from None
-        payload = kind.from_bytes(config.input, data, "", config.name, settings)
-    else:
-        field_name = "inputs" if kind.from_json is not None else "image"
-        raise InvalidInput(f"each line needs '{field_name}': model {config.name} takes {kind.takes}")
-    return BulkItem(custom_id, payload.data, payload.content_type)
-
-
 def _urls(request: Request, batch_id: str) -> dict[str, str]:
     base = str(request.base_url).rstrip("/")
     return {
@@ -131,24 +59,6 @@ def _urls(request: Request, batch_id: str) -> dict[str, str]:
         "results": f"{base}/v1/batches/{batch_id}/results",
         "cancel": f"{base}/v1/batches/{batch_id}/cancel",
     }
-
-
-async def _upload_body(request: Request, settings: Settings) -> bytes:
-    body = await read_body(request, settings.max_batch_bytes)
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "multipart/form-data":
-        return body
-    try:
-        form = await request.form(max_files=1, max_fields=5, max_part_size=settings.max_batch_bytes)
-    except Exception as exc:  # Starlette raises its own types for malformed multipart
-        raise InvalidInput(f"malformed multipart body: {exc}") from None
-    try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise InvalidInput("the form needs a 'file' field holding the JSONL")
-        return await upload.read()
-    finally:
-        await form.close()
 
 
 @router.post("/v1/models/{model}/batches", status_code=202, responses=ERRORS, openapi_extra=_UPLOAD_BODY)
@@ -168,48 +78,85 @@ async def submit_batch(
     settings = state.settings
     if result_ttl is not None and result_ttl > settings.max_result_ttl_s:
         raise InvalidInput(f"result_ttl must be at most {settings.max_result_ttl_s} seconds")
-    body = await _upload_body(request, settings)
-    upload = await run_in_threadpool(parse_upload, config, body, settings)
-    if not upload.items:
-        shown = "; ".join(r["error"] for r in upload.refused[:3]) or "the upload has no lines"
-        raise InvalidInput(f"no line of the upload is a valid item: {shown}")
     if webhook:
         await check_webhook_target_async(webhook, settings.webhook_allow)
+    fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0")
+    idem_key = keys.idempotency_key(owner or "", f"batch\0{idempotency_key}") if idempotency_key else None
     shard = state.for_model(config)
+    held = cast(bytes | None, await run_in_threadpool(shard.redis.get, idem_key)) if idem_key else None
+    if held is not None:  # a replay: the body is only read for its fingerprint, nothing is written
+        await read_upload(request, settings, None, fingerprint)
+        return await _replayed(request, state, owner, held.decode(), fingerprint.hexdigest())
     batch_id = shards.new_id(shard.name)
-    fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0" + body)
-    idempotency = None
-    if idempotency_key:
-        stored = f"{batch_id} {fingerprint.hexdigest()}"
-        idempotency = (keys.idempotency_key(owner or "", f"batch\0{idempotency_key}"), stored)
     max_batch = min(config.max_batch, settings.max_batch or config.max_batch)
-    new = NewBatch(
+    result_ttl_s = result_ttl or settings.result_ttl_s
+    writer = BatchWriter(
+        shard.redis,
+        settings,
         batch_id,
         config.name,
         priority,
-        chunk_size=max_batch,
-        result_ttl_s=result_ttl or settings.result_ttl_s,
-        items=upload.items,
-        refused=upload.failed_lines,
-        owner=owner,
-        webhook=webhook,
-        idempotency=idempotency,
+        max_batch,
+        result_ttl_s,
+        owner,
+        webhook,
+        config.max_queue_length,
     )
-    verdict, existing = await run_in_threadpool(bulk.enqueue_batch, shard.redis, settings, new)
+    checker = LineChecker(config, settings, writer)
+    try:
+        await read_upload(request, settings, checker, fingerprint)
+        if not writer.items:
+            shown = "; ".join(r["error"] for r in checker.refusals.shown[:3]) or "the upload has no lines"
+            raise InvalidInput(f"no line of the upload is a valid item: {shown}")
+        idempotency = (idem_key, f"{batch_id} {fingerprint.hexdigest()}") if idem_key else None
+        refusals = checker.refusals
+        verdict, existing = await run_in_threadpool(writer.commit, idempotency, refusals.count, refusals.shown)
+    except BaseException:
+        with anyio.CancelScope(shield=True):  # a client gone mid-upload cancels this request
+            await run_in_threadpool(writer.discard_quietly)
+        raise
     if verdict == "dup":
-        other_id, _, other_fingerprint = existing.partition(" ")
-        if other_fingerprint != fingerprint.hexdigest():
-            raise InvalidInput("this Idempotency-Key was used with a different request body")
-        batch_id = other_id
-    view = await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner)
+        return await _replayed(request, state, owner, existing, fingerprint.hexdigest())
+    if verdict == "full":
+        raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
+    if verdict == "stale":
+        raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
+    view = await run_in_threadpool(bulk.read_batch, shard.redis, batch_id, owner)
     if view is None:
+        raise NotFound(f"the batch {batch_id} has expired")
+    return _accepted(request, view, checker.refusals.count, checker.refusals.shown)
+
+
+async def _replayed(request: Request, state: State, owner: str | None, held: str, fingerprint: str) -> JSONResponse:
+    """The answer to an upload whose Idempotency-Key already named a batch: that batch, if the body is the same."""
+    batch_id, _, held_fingerprint = held.partition(" ")
+    if held_fingerprint != fingerprint:
+        raise InvalidInput("this Idempotency-Key was used with a different request body")
+    connection = state.for_id(batch_id).redis
+    view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
+    # A retry that overtook its first upload's last steps (its chunks being queued) waits for them, a while.
+    waited_s = 0.0
+    while (
+        view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, connection, batch_id)
+    ):
+        await anyio.sleep(0.05)
+        waited_s += 0.05
+        view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
+    if view is None:
+        if await run_in_threadpool(bulk.is_pending, connection, batch_id):
+            raise Conflict(f"the batch {batch_id} of this Idempotency-Key is still being queued; retry")
         raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
+    count, shown = await run_in_threadpool(bulk.read_refused, connection, batch_id)
+    return _accepted(request, view, count, shown)
+
+
+def _accepted(request: Request, view: dict[str, Any], refused_count: int, refused: list[Any]) -> JSONResponse:
     answer = {
         **view,
         "total": view["counts"]["total"],
-        "refused_count": len(upload.refused),
-        "refused": upload.refused[:REFUSED_SHOWN],
-        "urls": _urls(request, batch_id),
+        "refused_count": refused_count,
+        "refused": refused,
+        "urls": _urls(request, view["id"]),
     }
     return JSONResponse(answer, status_code=202, headers={"Location": answer["urls"]["self"]})
 
@@ -245,12 +192,12 @@ async def batch_results(
     if await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
 
+    connection = state.for_id(batch_id).redis
+
     async def lines() -> AsyncIterator[bytes]:
         start = offset
         while True:
-            page = await run_in_threadpool(
-                bulk.result_lines, state.for_id(batch_id).redis, batch_id, start, RESULTS_PAGE
-            )
+            page = await run_in_threadpool(bulk.result_lines, connection, batch_id, start, RESULTS_PAGE)
             for line in page:
                 if status is None or json.loads(line).get("status") == status:
                     yield line + b"\n"

@@ -5,39 +5,40 @@ model's lane (so ``rq info`` counts chunks queued and running), whose input is t
 A worker runs a chunk as one batch and appends its items' result lines in the same script that
 ends the chunk, so a chunk retried after its worker died adds its lines once. The batch record
 counts items by state; the scripts that end chunks (finish, cancel, maintenance failure, expiry)
-move the counts and end the batch when every item has ended.
+move the counts and end the batch when every item has ended. An upload is written in bounded
+steps (``upload``); a cancel cancels a slice of chunks per call.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import Redis
-from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
-from shared.lifecycle import layout, scripts, store
+from shared.lifecycle import bulk_scripts, layout, store
+from shared.lifecycle.lua import CANCELED_LINE_TAIL
+from shared.lifecycle.upload import BatchWriter
+from shared.lifecycle.upload import BulkItem as BulkItem
+from shared.lifecycle.upload import decode_chunk as decode_chunk
 from shared.settings import Settings
 
-CHUNK_CONTENT_TYPE = "application/vnd.inferq.chunk+json"
-
-
-@dataclass(frozen=True)
-class BulkItem:
-    custom_id: str
-    payload: bytes
-    content_type: str
+# One cancel call takes at most this many chunks, and the chunks of at most this many items (one chunk if a
+# chunk holds more): a few milliseconds of Redis at most (bench/bulk_bounds.py measures it).
+CANCEL_SLICE_CHUNKS = 25
+CANCEL_SLICE_ITEMS = 250
+# A cancel call removes its canceled chunks from the queue list only while that reads at most this many
+# entries (queue length x chunks); else they stay until a worker pops them, and the start drops them.
+CANCEL_SCAN_ENTRIES = 50_000
 
 
 @dataclass
 class NewBatch:
-    """What ``enqueue_batch`` writes; the API builds it from an upload."""
+    """A whole batch in memory, for ``enqueue_batch`` (the API streams its uploads through a ``BatchWriter``)."""
 
     id: str
     model: str
@@ -55,90 +56,27 @@ class NewBatch:
         return len(self.items) + len(self.refused)
 
 
-def _flat(mapping: dict[str, Any]) -> list[Any]:
-    return [len(mapping), *(value for pair in mapping.items() for value in pair)]
-
-
-def _chunks(items: Sequence[BulkItem], size: int) -> Iterator[Sequence[BulkItem]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def enqueue_batch(connection: Redis, settings: Settings, new: NewBatch) -> tuple[str, str]:
-    """Write the batch and queue its chunks in one atomic step: ("ok", "") or ("dup", stored value)."""
-    window_s = settings.batch_window_s
-    live_s = window_s + settings.job_timeout_s + 60
-    record_ttl_s = live_s + new.result_ttl_s
-    queue = layout.offline_queue(keys.queue_name(new.model, new.lane))
-    qk = layout.queue_keys(queue.name)
-    created = now()
-    record: dict[str, Any] = {
-        "id": new.id,
-        "model": new.model,
-        "lane": new.lane,
-        "total": new.total,
-        "queued": len(new.items),
-        "running": 0,
-        "finished": 0,
-        "failed": len(new.refused),
-        "canceled": 0,
-        "created_at": utcformat(created),
-        "result_ttl": new.result_ttl_s,
-        "chunks": -(-len(new.items) // new.chunk_size),
-    }
-    if new.owner:
-        record["owner"] = new.owner
-    if new.webhook:
-        record["webhook"] = new.webhook
-    idem_key, idem_value = new.idempotency or (keys.batch_key(new.id), "")
-    args: list[Any] = ["1" if new.idempotency else "0", idem_value, settings.idempotency_ttl_s, record_ttl_s]
-    args += [*_flat(record), len(new.refused), *new.refused]
-    per_chunk = []
-    for number, chunk in enumerate(_chunks(new.items, new.chunk_size)):
-        chunk_id = keys.chunk_id(new.id, number)
-        job = queue.create_job(
-            layout.INFER_FUNC,
-            kwargs={"model": new.model},
-            job_id=chunk_id,
-            ttl=window_s,
-            result_ttl=new.result_ttl_s,
-            failure_ttl=settings.failure_ttl_s,
-            timeout=settings.job_timeout_s,
-            description=f"{new.model} bulk chunk of {len(chunk)} (batch {new.id})",
-            retry=Retry(max=settings.job_retries) if settings.job_retries else None,
-        )
-        job.origin, job.enqueued_at = queue.name, created
-        fields = job.to_dict()
-        fields["status"] = "queued"
-        info = {
-            "id": chunk_id,
-            "model": new.model,
-            "batch": new.id,
-            "items": len(chunk),
-            "content_type": CHUNK_CONTENT_TYPE,
-            "result_ttl_s": new.result_ttl_s,
-            "deadline": f"{created.timestamp() + window_s:.3f}",
-        }
-        body = json.dumps(
-            {
-                "items": [
-                    {
-                        "custom_id": item.custom_id,
-                        "content_type": item.content_type,
-                        "payload": base64.b64encode(item.payload).decode(),
-                    }
-                    for item in chunk
-                ]
-            },
-            separators=(",", ":"),
-        )
-        per_chunk.append([layout.job_key(chunk_id), keys.payload_key(chunk_id), keys.info_key(chunk_id)])
-        info_ttl_s = live_s + max(new.result_ttl_s, settings.failure_ttl_s)
-        args += [chunk_id, body, live_s, info_ttl_s, window_s, *_flat(info), *_flat(fields)]
-    fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(new.id), keys.batch_chunks_key(new.id)]
-    fixed += [keys.batch_results_key(new.id), idem_key]
-    verdict, existing = scripts.ENQUEUE_BATCH(connection, fixed, per_chunk, args)
-    return _text(verdict), _text(existing)
+def enqueue_batch(
+    connection: Redis, settings: Settings, new: NewBatch, max_queue_length: int | None = None
+) -> tuple[str, str]:
+    """Write and queue the batch: ("ok", ""), ("dup", the Idempotency-Key's value), ("full", "") or ("stale", "")."""
+    writer = BatchWriter(
+        connection,
+        settings,
+        new.id,
+        new.model,
+        new.lane,
+        new.chunk_size,
+        new.result_ttl_s,
+        owner=new.owner,
+        webhook=new.webhook,
+        max_queue_length=max_queue_length,
+    )
+    for line in new.refused:
+        writer.fail(line)
+    for item in new.items:
+        writer.add(item)
+    return writer.commit(new.idempotency)
 
 
 def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:
@@ -147,12 +85,13 @@ def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> di
         return None
     raw = cast(dict[bytes, bytes], connection.hgetall(keys.batch_key(batch_id)))
     record = {k.decode(): v.decode() for k, v in raw.items()}
-    if not record or (owner is not None and record.get("owner") != owner):
-        return None
+    if not record or "pending" in record or (owner is not None and record.get("owner") != owner):
+        return None  # a pending batch is still being queued: its upload has not been answered
     counts = {name: int(record.get(name, 0)) for name in ("total", "queued", "running", "finished", "failed")}
     counts["canceled"] = int(record.get("canceled", 0))
     ended = "ended_at" in record
-    if ended and "canceled_at" in record:
+    # Whether a cancel was asked says nothing: one that came while every chunk left was running canceled none.
+    if ended and counts["canceled"] > 0:
         status = "canceled"
     elif ended:
         status = "finished"
@@ -190,29 +129,42 @@ def result_lines(connection: Redis, batch_id: str, start: int, count: int) -> li
 
 
 def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: str | None = None) -> str:
-    """Cancel every chunk still queued: "ok", "missing" or "ended"."""
+    """Cancel every chunk still queued, a slice of chunks per call: "ok", "missing" or "ended"."""
     if not keys.JOB_ID_RE.match(batch_id):
         return "missing"
-    lane = cast(bytes | None, connection.hget(keys.batch_key(batch_id), "lane"))
-    model = cast(bytes | None, connection.hget(keys.batch_key(batch_id), "model"))
-    if lane is None or model is None:
+    fields = ["lane", "model", "chunk_size", "chunks", "pending"]
+    record = cast(list[bytes | None], connection.hmget(keys.batch_key(batch_id), fields))
+    lane, model, chunk_size, chunks, pending = record
+    if lane is None or model is None or pending is not None:
         return "missing"
     qk = layout.queue_keys(keys.queue_name(model.decode(), lane.decode()))
-    chunk_ids = [_text(i) for i in cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), 0, -1))]
-    per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in chunk_ids]
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
-    fixed += store.metrics_keys(model.decode())[:2]
-    args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
-    args += store.metrics_args()
-    args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
-    return _text(scripts.CANCEL_BATCH(connection, fixed, per_chunk, args)[0])
+    fixed += [*store.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
+    per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
+    for start in range(0, max(int(chunks or 0), 1), per_call):
+        # The chunk list is complete and never changes once the batch is visible.
+        span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
+        per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
+        args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
+        args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *store.metrics_args()]
+        args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
+        verdict = _text(bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args)[0])
+        if verdict != "ok":
+            # Ended by an earlier slice of this cancel (its last items canceled), or by workers meanwhile.
+            return verdict if start == 0 else "ok"
+    return "ok"
 
 
-def decode_chunk(payload: bytes) -> list[BulkItem]:
-    """A chunk's items, as ``enqueue_batch`` stored them."""
-    items = json.loads(payload)["items"]
-    return [BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"]) for i in items]
+def read_refused(connection: Redis, batch_id: str) -> tuple[int, list[Any]]:
+    """How many lines the batch's upload refused, and those its answer listed: a replay answers the same."""
+    count, shown = cast(list[bytes | None], connection.hmget(keys.batch_key(batch_id), ["refused_count", "refused"]))
+    return int(count or 0), json.loads(shown) if shown else []
+
+
+def is_pending(connection: Redis, batch_id: str) -> bool:
+    """Whether the batch exists but is still being queued (its upload not yet answered)."""
+    return bool(connection.hexists(keys.batch_key(batch_id), "pending"))
 
 
 def _text(value: bytes | str) -> str:

@@ -8,6 +8,7 @@ library (Redis 7's functions would be one, but inferq supports Redis >= 6.2).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,35 +35,53 @@ local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id,
   redis.call('RPUSH', hook_queue, delivery_id)
   redis.call('SADD', queues_set, hook_queue)
 end
--- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
--- lines: JSON strings; moved: {field = n} added to the record's counts; hook: where the batch's own webhook
--- delivery goes {delivery, tpl, hook_queue, queues_set}.
-local function batch_progress(record, results, lines, moved, stamp, channel, hook)
-  for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
-  for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
+-- The bulk items waiting in a queue (keys.waiting_items_key), the bulk lane's bound: moved by n. A count whose
+-- key expired stays gone (an INCRBY would re-create it without a TTL), and never goes below 0.
+local function waiting_add(key, n)
+  if not key or n == 0 or redis.call('EXISTS', key) == 0 then return end
+  if redis.call('INCRBY', key, n) < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+end
+-- A bulk batch ends once every item ended, and not while its upload is still being queued (`pending`: the
+-- upload's last step ends it then). hook: where its own webhook delivery goes {delivery, tpl, hook_queue, queues_set}.
+local function batch_end_if_done(record, results, stamp, channel, hook)
   local r = redis.call('HMGET', record, 'total', 'finished', 'failed', 'canceled', 'result_ttl', 'ended_at', 'id',
-                       'model')
-  if r[6] or not r[1] then return end
-  if tonumber(r[2]) + tonumber(r[3]) + tonumber(r[4]) >= tonumber(r[1]) then
+                       'model', 'pending')
+  if r[6] or r[9] or not r[1] then return end
+  if (tonumber(r[2]) or 0) + (tonumber(r[3]) or 0) + (tonumber(r[4]) or 0) >= (tonumber(r[1]) or 0) then
     redis.call('HSET', record, 'ended_at', stamp)
-    redis.call('EXPIRE', record, tonumber(r[5]))
-    redis.call('EXPIRE', results, tonumber(r[5]))
+    redis.call('EXPIRE', record, tonumber(r[5]) or 1)
+    redis.call('EXPIRE', results, tonumber(r[5]) or 1)
     redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
     if redis.call('HEXISTS', record, 'webhook') == 1 then
       queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
     end
   end
 end
--- The items of a chunk that ends without running (canceled, expired, its worker died): one line each.
-local function chunk_lines(payload, status, reason)
-  local body = redis.call('GET', payload)
-  local lines = {}
-  if not body then return lines end
-  for _, item in ipairs(cjson.decode(body).items) do
-    local line = {custom_id = item.custom_id, status = status}
-    if reason ~= '' then line.error = reason end
-    lines[#lines + 1] = cjson.encode(line)
+-- A bulk batch's chunk ended some items: their result lines, its counts, and the batch's end once all ended.
+-- lines: JSON strings; moved: {field = n} added to the record's counts (queued items also leave `waiting`, the
+-- queue's count, or false).
+local function batch_progress(record, results, lines, moved, waiting, stamp, channel, hook)
+  if moved.queued then waiting_add(waiting, moved.queued) end
+  -- A record that expired is not re-created without a TTL by the counts below.
+  if redis.call('EXISTS', record) == 0 then return end
+  for _, line in ipairs(lines) do redis.call('RPUSH', results, line) end
+  -- Results written before the end (which sets their TTL) expire with the record, should it never end.
+  if #lines > 0 and redis.call('TTL', results) == -1 then
+    local left = redis.call('TTL', record)
+    if left > 0 then redis.call('EXPIRE', results, left) end
   end
+  for name, n in pairs(moved) do redis.call('HINCRBY', record, name, n) end
+  batch_end_if_done(record, results, stamp, channel, hook)
+end
+-- The items of a chunk that ends without running (canceled, expired, its worker died): one line each. The info
+-- hash holds their custom ids as the API encoded them (JSON strings, ASCII only, one a line) and `tail` is the
+-- rest of each line, encoded by the caller: nothing a client sent is decoded here (Redis's cjson refuses some
+-- escapes Python's json takes), so nothing it sent can fail a script after its first write.
+local function chunk_lines(info, tail)
+  local ids = redis.call('HGET', info, 'custom_ids')
+  local lines = {}
+  if not ids then return lines end
+  for id in string.gmatch(ids, '[^\\n]+') do lines[#lines + 1] = '{"custom_id":' .. id .. tail end
   return lines
 end
 -- Where a chunk's items were counted: 'running' once a worker started it, else 'queued'.
@@ -122,6 +141,21 @@ local function announce(d)
   return true
 end
 """
+
+
+def line_tail(status: str, error: str | None = None) -> str:
+    """What follows the custom_id in a line ``chunk_lines`` writes for a chunk that ends unrun: ``,"status":…}``.
+
+    Encoded here, as the custom ids were at upload: the scripts only join text, never decode what a client sent.
+    """
+    fields = {"status": status} if error is None else {"status": status, "error": error}
+    return "," + json.dumps(fields, separators=(",", ":"))[1:]
+
+
+EXPIRED_LINE_TAIL = line_tail("expired", "expired: still queued when the batch window ended")
+DIED_LINE_TAIL = line_tail("failed", "the worker running this item died (killed or crashed) and no retries were left")
+CANCELED_LINE_TAIL = line_tail("canceled")
+
 
 Items = Sequence[Sequence[str]]
 

@@ -12,6 +12,7 @@ lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 
 from __future__ import annotations
 
+from shared.lifecycle import bulk_scripts
 from shared.lifecycle.lua import ANNOUNCE as _ANNOUNCE
 from shared.lifecycle.lua import CALL_MANY as _CALL_MANY
 from shared.lifecycle.lua import Script
@@ -83,11 +84,12 @@ return {'ok', ''}
 # flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
 # started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
 # and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
-# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, metrics group,
-# delivery template, then per job its id and a new execution id.
+# ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, an expired chunk's
+# line tail (``lua.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
 START = Script(
     "start",
-    ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures"),
+    # waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
+    ("intermediate", "started", "hook_queue", "queues", "metrics", "window", "failures", "waiting"),
     # record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
     per_item=(
         "job",
@@ -106,7 +108,8 @@ START = Script(
     + """
 local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local m, after_metrics = read_metrics(10)
+local expired_tail = ARGV[10]
+local m, after_metrics = read_metrics(11)
 local tpl, at = read_template(after_metrics)
 local acc = {}
 local out, started, registry = {}, {}, {}
@@ -121,12 +124,13 @@ for k = FIXED + 1, #KEYS, STRIDE do
   -- One read of each hash: origin, status and the fields the worker needs; the info flags.
   local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
   local flags = redis.call('HMGET', info, 'items', 'canceled', 'deadline', 'batch_size')
-  local items = tonumber(flags[1] or '0')
+  local items = tonumber(flags[1]) or 0
   if not j[1] then
     local state = 'vanished'
     if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
-      local lines = chunk_lines(payload, 'expired', 'expired: still queued when the batch window ended')
-      batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
+      local lines = chunk_lines(info, expired_tail)
+      local moved = {[chunk_from(info)] = -items, failed = items}
+      batch_progress(record, results, lines, moved, KEYS[8], stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
       metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
@@ -160,9 +164,12 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
     if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
-      redis.call('HINCRBY', record, 'queued', -items)
-      redis.call('HINCRBY', record, 'running', items)
-      redis.call('HSETNX', record, 'started_at', stamp)
+      waiting_add(KEYS[8], -items)
+      if redis.call('EXISTS', record) == 1 then  -- one that expired is not re-created without a TTL
+        redis.call('HINCRBY', record, 'queued', -items)
+        redis.call('HINCRBY', record, 'running', items)
+        redis.call('HSETNX', record, 'started_at', stamp)
+      end
     end
     out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, redis.call('GET', payload) or false,
               redis.call('HGETALL', info)}
@@ -253,7 +260,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       end
       if j.lines then
         local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[4], queues_set = KEYS[5]}
-        batch_progress(record, results, j.lines, j.moved, j.ended_at, channel, hook)
+        batch_progress(record, results, j.lines, j.moved, false, j.ended_at, channel, hook)
       end
       announce({info = info, attempts = attempts, delivery = delivery,
                 job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
@@ -343,8 +350,8 @@ return {'ok'}
 )
 
 # Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
-# once, and counted. ARGV: failure ttl, stamp, channel, metrics group, delivery template, then per job
-# its id. Returns the ids told.
+# once, and counted. ARGV: failure ttl, stamp, channel, a chunk's line tail (``lua.line_tail``), metrics
+# group, delivery template, then per job its id. Returns the ids told.
 ANNOUNCE_FAILED = Script(
     "announce-failed",
     ("hook_queue", "queues"),
@@ -360,24 +367,25 @@ ANNOUNCE_FAILED = Script(
         "metrics",
         "window",
         "failures",
+        "waiting",
     ),
     source=_ANNOUNCE
     + """
-local ttl, stamp, channel = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local m, after_metrics = read_metrics(4)
+local ttl, stamp, channel, died_tail = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local m, after_metrics = read_metrics(5)
 local tpl, at = read_template(after_metrics)
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures =
+  local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures, waiting =
     unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
   local id = ARGV[at + n]
   n = n + 1
-  local items = tonumber(redis.call('HGET', info, 'items') or '0')
+  local items = tonumber(redis.call('HGET', info, 'items')) or 0
   if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
-    local lines = chunk_lines(payload, 'failed',
-                              'the worker running this item died (killed or crashed) and no retries were left')
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, stamp, channel, hook)
+    local lines = chunk_lines(info, died_tail)
+    batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, waiting, stamp, channel,
+                   hook)
     redis.call('DEL', payload)
   end
   if redis.call('HGET', job, 'status') == 'failed' then
@@ -448,109 +456,12 @@ RESCUE = Script(
     ("intermediate", "queue", "job", "info", "first_seen"),
     source="""
 if redis.call('HGET', KEYS[3], 'status') ~= 'queued' or redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
-if tonumber(redis.call('HGET', KEYS[4], 'rescued') or '0') >= tonumber(ARGV[2]) then return 0 end
+if (tonumber(redis.call('HGET', KEYS[4], 'rescued')) or 0) >= tonumber(ARGV[2]) then return 0 end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[4], 'rescued', 1)
 redis.call('DEL', KEYS[5])
 redis.call('LPUSH', KEYS[2], ARGV[1])
 return 1
-""",
-)
-
-# A bulk batch, atomically: an Idempotency-Key already used returns its batch; else the batch record,
-# the result lines of refused input lines, and every chunk (its input, info and RQ job, queued).
-# KEYS: queue, queues set, record, chunks list, results list, idempotency key (the record again
-# when there is none, untouched); per chunk: job, payload, info.
-# ARGV: has idempotency ("1"/"0"), its value, its ttl, batch ttl, record field count, record
-# pairs, refused line count, refused lines, then per chunk: id, payload, payload ttl, info ttl, job
-# ttl, info field count, info pairs, job field count, job pairs.
-ENQUEUE_BATCH = Script(
-    "enqueue-batch",
-    ("queue", "queues", "record", "chunks", "results", "idempotency"),
-    per_item=("job", "payload", "info"),
-    source="""
-if ARGV[1] == '1' then
-  local existing = redis.call('GET', KEYS[6])
-  if existing then return {'dup', existing} end
-  redis.call('SET', KEYS[6], ARGV[2], 'EX', ARGV[3])
-end
-local ttl = tonumber(ARGV[4])
-local at = 5
-local function pairs_at(i)
-  local n = tonumber(ARGV[i])
-  return {unpack(ARGV, i + 1, i + 2 * n)}, i + 1 + 2 * n
-end
-local record
-record, at = pairs_at(at)
-redis.call('HSET', KEYS[3], unpack(record))
-redis.call('EXPIRE', KEYS[3], ttl)
-local refused = tonumber(ARGV[at])
-for i = at + 1, at + refused do redis.call('RPUSH', KEYS[5], ARGV[i]) end
-at = at + refused + 1
-redis.call('SADD', KEYS[2], KEYS[1])
-for k = FIXED + 1, #KEYS, STRIDE do
-  local job, payload, info = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local id = ARGV[at]
-  redis.call('SET', payload, ARGV[at + 1], 'EX', ARGV[at + 2])
-  local info_ttl, job_ttl = ARGV[at + 3], ARGV[at + 4]
-  local fields
-  fields, at = pairs_at(at + 5)
-  redis.call('HSET', info, unpack(fields))
-  redis.call('EXPIRE', info, info_ttl)
-  fields, at = pairs_at(at)
-  redis.call('HSET', job, unpack(fields))
-  redis.call('EXPIRE', job, job_ttl)
-  redis.call('RPUSH', KEYS[1], id)
-  redis.call('RPUSH', KEYS[4], id)
-end
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
-if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('EXPIRE', KEYS[5], ttl) end
-return {'ok', ''}
-""",
-)
-
-# A client's cancel of a bulk batch: every chunk still queued is canceled (a line per item), chunks
-# running finish; {'ok'}, {'missing'} or {'ended'}.
-# KEYS: record, results, queue, canceled registry, the batch's webhook delivery, the webhook queue, the
-# queues set, the model's metrics and window; per chunk: job, info, payload. ARGV: owner ('' for any),
-# canceled ttl, now, stamp, channel, metrics group, delivery template.
-CANCEL_BATCH = Script(
-    "cancel-batch",
-    ("record", "results", "queue", "canceled", "delivery", "hook_queue", "queues", "metrics", "window"),
-    per_item=("job", "info", "payload"),
-    source=_ANNOUNCE
-    + """
-local record, results = KEYS[1], KEYS[2]
-local owner, ttl, now_s, stamp, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local m, after_metrics = read_metrics(6)
-local tpl = read_template(after_metrics)
-local acc = {}
-local hook = {delivery = KEYS[5], tpl = tpl, hook_queue = KEYS[6], queues_set = KEYS[7]}
-if redis.call('EXISTS', record) == 0 then return {'missing'} end
-if owner ~= '' and redis.call('HGET', record, 'owner') ~= owner then return {'missing'} end
-if redis.call('HEXISTS', record, 'ended_at') == 1 then return {'ended'} end
-redis.call('HSETNX', record, 'canceled_at', stamp)
-for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local items = tonumber(redis.call('HGET', info, 'items') or '0')
-  if items > 0 and redis.call('HGET', job, 'status') == 'queued' and redis.call('HEXISTS', info, 'canceled') == 0 then
-    local id = redis.call('HGET', info, 'id')
-    redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
-    redis.call('LREM', KEYS[3], 0, id)
-    redis.call('HSET', info, 'canceled', '1', 'announced', '1')
-    redis.call('ZADD', KEYS[4], now_s + ttl, id)
-    local lines = chunk_lines(payload, 'canceled', '')
-    batch_progress(record, results, lines, {[chunk_from(info)] = -items, canceled = items}, stamp, channel, hook)
-    redis.call('DEL', payload)
-    redis.call('EXPIRE', job, ttl)
-    redis.call('EXPIRE', info, ttl)
-    metrics_add(acc, {['ended:canceled'] = items})
-  end
-end
-metrics_flush(acc, m, KEYS[8], KEYS[9])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_s)
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) end
-return {'ok'}
 """,
 )
 
@@ -565,6 +476,5 @@ ALL = (
     GIVE_BACK,
     GIVE_BACK_HELD,
     RESCUE,
-    ENQUEUE_BATCH,
-    CANCEL_BATCH,
+    *bulk_scripts.ALL,
 )

@@ -28,6 +28,7 @@ from shared import keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
+from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL
 from shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
@@ -93,7 +94,7 @@ class NewJob:
 
 
 @lru_cache(maxsize=1024)
-def _job_template(
+def job_template(
     queue_name: str,
     model: str,
     queue_ttl_s: int,
@@ -132,7 +133,7 @@ def _job_template(
 def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
     """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
     queue_name = keys.queue_name(new.model, new.lane)
-    template = _job_template(
+    template = job_template(
         queue_name,
         new.model,
         new.queue_ttl_s,
@@ -245,13 +246,15 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
         + [keys.payload_key(i), *_batch_keys(i), *metrics_keys(keys.model_from_queue(_text(origin or b"")))]
+        + [keys.waiting_items_key(_text(origin or b""))]
         for i, origin in zip(job_ids, origins, strict=True)
     ]
     told = scripts.ANNOUNCE_FAILED(
         connection,
         [hk.queue, layout.QUEUES_SET],
         per_job,
-        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)]
+        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *metrics_args()]
+        + [*_template(settings)]
         + list(job_ids),
     )
     return [_text(i) for i in told]
@@ -398,12 +401,12 @@ def start(
     ]
     args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
     args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
-    args += [*metrics_args(), *_template(settings)]
+    args += [EXPIRED_LINE_TAIL, *metrics_args(), *_template(settings)]
     for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
         args += [job_id, execution_id]
     position = len(pipe)
     fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *metrics_keys(model)]
-    scripts.START(pipe, fixed, per_job, args)
+    scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args)
     return StartCall(position, started_at, execution_ids)
 
 

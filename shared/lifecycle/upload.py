@@ -1,0 +1,289 @@
+"""Writing a bulk batch in bounded steps: no Redis call does more than one slice of it, and the writer holds at
+most one slice of its items, so the API's memory does not grow with the upload.
+
+1. **Stage** (a round trip a slice, as the API reads the upload): each chunk's input (a plain SET), its info
+   and RQ job hashes, the chunk ids and the refused lines' result lines (``STAGE_CHUNKS``). Nothing is queued
+   and no record names them: an upload that dies here (client gone, API killed) leaves keys that expire in
+   ``STAGE_TTL_S``.
+2. **Queue** (``QUEUE_BATCH``, one bounded step): the Idempotency-Key and the lane's bound are checked and the
+   record written, ``pending``: hidden from every route (its reads, cancel and results answer 404).
+3. **Push** (``PUSH_CHUNKS``, a slice at a time): the chunks enter the queue with a queued job's TTLs, and
+   workers may run them at once. An API that dies here leaves the chunks it queued to run and end as usual
+   (into the hidden record, which expires); the rest expire staged. Nothing is queued that cannot end, and a
+   retry under the same Idempotency-Key makes a new batch once the pending claim (``PENDING_IDEMPOTENCY_TTL_S``)
+   lapses.
+4. **Publish** (``PUBLISH_BATCH``): the record is visible, the Idempotency-Key names it for its whole TTL, and a
+   batch whose items all ended meanwhile ends there.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis import Redis
+from redis.exceptions import RedisError
+from rq.utils import now, utcformat
+
+from shared import keys
+from shared.errors import PayloadTooLarge
+from shared.lifecycle import bulk_scripts, layout, store
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+CHUNK_CONTENT_TYPE = "application/vnd.inferq.chunk+json"
+
+# One staging call takes at most this many items, chunks or bytes of input (a chunk is never split, so one
+# chunk larger than SLICE_BYTES goes alone); the API reads an upload in slices of as many lines. Sized so a call
+# holds Redis for a few milliseconds at most (bench/bulk_bounds.py measures it).
+SLICE_ITEMS = 500
+SLICE_CHUNKS = 25
+SLICE_BYTES = 256 * 1024
+# One push call queues at most this many chunks.
+PUSH_SLICE_CHUNKS = 250
+# How long staged keys live: an upload that takes longer is refused ("stale") rather than queued half-expired.
+STAGE_TTL_S = 3600
+# How long an Idempotency-Key names a batch that is still being queued: a retry meanwhile answers 409, and one
+# after an API that died mid-queue makes a new batch once this passed.
+PENDING_IDEMPOTENCY_TTL_S = 300
+
+
+@dataclass(frozen=True)
+class BulkItem:
+    custom_id: str
+    payload: bytes
+    content_type: str
+
+
+class BatchWriter:
+    """One upload, written as it is read: ``check_ids``, ``add`` and ``fail`` per slice, then ``commit``."""
+
+    def __init__(
+        self,
+        connection: Redis,
+        settings: Settings,
+        batch_id: str,
+        model: str,
+        lane: str,
+        chunk_size: int,
+        result_ttl_s: int,
+        owner: str | None = None,
+        webhook: str | None = None,
+        max_queue_length: int | None = None,
+    ) -> None:
+        self.connection, self.settings = connection, settings
+        self.id, self.model, self.lane = batch_id, model, lane
+        self.chunk_size, self.result_ttl_s = chunk_size, result_ttl_s
+        self.owner, self.webhook = owner, webhook
+        self.queue_name = keys.queue_name(model, lane)
+        # The lane's bound (README, "Bulk batches"): the interactive lane counts chunks as single jobs, the bulk
+        # lane counts waiting items.
+        self.max_chunks = (max_queue_length or settings.max_queue_length) if lane == keys.INTERACTIVE else None
+        self.max_items = settings.max_bulk_queued_items if lane == keys.BULK else None
+        self.created = now()
+        window_s = settings.batch_window_s
+        self.live_s = window_s + settings.job_timeout_s + 60
+        self.record_ttl_s = self.live_s + result_ttl_s
+        self.info_ttl_s = self.live_s + max(result_ttl_s, settings.failure_ttl_s)
+        template = store.job_template(
+            self.queue_name,
+            model,
+            window_s,
+            result_ttl_s,
+            settings.failure_ttl_s,
+            settings.job_timeout_s,
+            settings.job_retries,
+            "bulk chunk",
+        )
+        stamp = utcformat(self.created)
+        self._job = {**dict(zip(template[::2], template[1::2], strict=True)), "created_at": stamp, "enqueued_at": stamp}
+        self._deadline = f"{self.created.timestamp() + window_s:.3f}"
+        self._chunk: list[BulkItem] = []  # the next chunk, not yet full
+        self._ready: list[list[BulkItem]] = []  # full chunks, not yet staged
+        self._ready_items = self._ready_bytes = 0
+        self._refused: list[str] = []  # result lines of refused lines, not yet staged
+        self.items = 0  # items taken
+        self.failed = 0  # refused lines that have a result line
+        self.chunks = 0  # chunks staged
+        self.queued = False  # the record is written: its chunks are its own now, never discarded
+
+    def check_ids(self, pairs: Sequence[tuple[str, int]]) -> list[int]:
+        """For each (custom_id, line number): 0 if the upload had not held it yet, else the line that first did."""
+        if not pairs:
+            return []
+        args: list[Any] = [STAGE_TTL_S, *(value for pair in pairs for value in pair)]
+        firsts = bulk_scripts.CHECK_IDS(self.connection, [keys.batch_ids_key(self.id)], args=args)
+        return [int(line) for line in firsts]
+
+    def add(self, item: BulkItem) -> None:
+        """Take one item; a full slice is staged."""
+        self.items += 1
+        if self.max_items is not None and self.items > self.max_items:
+            raise PayloadTooLarge(
+                f"the upload holds more than {self.max_items} items, the most the bulk lane of model {self.model}"
+                " may hold (INFERQ_MAX_BULK_QUEUED_ITEMS); split it"
+            )
+        self._chunk.append(item)
+        if len(self._chunk) == self.chunk_size:
+            self._close_chunk()
+
+    def fail(self, line: str) -> None:
+        """Take the result line of a refused input line."""
+        self.failed += 1
+        self._refused.append(line)
+        if len(self._refused) >= SLICE_ITEMS:
+            self._stage()
+
+    def commit(
+        self, idempotency: tuple[str, str] | None = None, refused_count: int = 0, refused: Sequence[Any] = ()
+    ) -> tuple[str, str]:
+        """Queue and publish the batch: ("ok", ""), ("dup", the key's value), ("full", "") or ("stale", "").
+
+        ``refused`` (the refused lines the answer lists, of ``refused_count``) is kept for a replay of the upload.
+        """
+        if self._chunk:
+            self._close_chunk()
+        self._stage()
+        chunks = -(-self.items // self.chunk_size)
+        record: dict[str, Any] = {
+            "id": self.id,
+            "model": self.model,
+            "lane": self.lane,
+            "total": self.items + self.failed,
+            "queued": self.items,
+            "running": 0,
+            "finished": 0,
+            "failed": self.failed,
+            "canceled": 0,
+            "created_at": utcformat(self.created),
+            "result_ttl": self.result_ttl_s,
+            "chunks": chunks,
+            "chunk_size": self.chunk_size,
+            "refused_count": refused_count,
+            "refused": json.dumps(list(refused), separators=(",", ":")),
+            "pending": "1",
+        }
+        if self.owner:
+            record["owner"] = self.owner
+        if self.webhook:
+            record["webhook"] = self.webhook
+        qk = layout.queue_keys(self.queue_name)
+        idem_key, idem_value = idempotency or (keys.batch_key(self.id), "")
+        waiting = keys.waiting_items_key(self.queue_name)
+        fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(self.id), keys.batch_chunks_key(self.id)]
+        fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key, waiting]
+        fixed += [layout.job_key(keys.chunk_id(self.id, 0))]
+        args: list[Any] = ["1" if idempotency else "0", idem_value, PENDING_IDEMPOTENCY_TTL_S, self.record_ttl_s]
+        args += ["" if self.max_chunks is None else self.max_chunks, "" if self.max_items is None else self.max_items]
+        args += [chunks, self.items, len(record), *(value for pair in record.items() for value in pair)]
+        verdict, existing = (_text(v) for v in bulk_scripts.QUEUE_BATCH(self.connection, fixed, args=args))
+        if verdict != "ok":
+            self.discard()
+            return verdict, existing
+        self.queued = True
+        for start in range(0, chunks, PUSH_SLICE_CHUNKS):
+            numbers = range(start, min(start + PUSH_SLICE_CHUNKS, chunks))
+            ids = [keys.chunk_id(self.id, n) for n in numbers]
+            items = sum(min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers)
+            per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
+            args = [self.settings.batch_window_s, self.live_s, self.info_ttl_s, self.live_s, items, *ids]
+            bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue, waiting], per_chunk, args)
+        hk = layout.hooks()
+        fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.delivery_key(self.id)]
+        fixed += [hk.queue, layout.QUEUES_SET]
+        args = ["1" if idempotency else "0", idem_value, self.settings.idempotency_ttl_s, utcformat(now())]
+        args += [
+            keys.EVENTS_CHANNEL,
+            *layout.delivery_template(self.settings.webhook_ttl_s, self.settings.webhook_timeout_s),
+        ]
+        bulk_scripts.PUBLISH_BATCH(self.connection, fixed, args=args)
+        return "ok", ""
+
+    def discard_quietly(self) -> None:
+        """``discard`` after an upload failed: Redis may be why, and what is left expires anyway."""
+        try:
+            self.discard()
+        except RedisError as exc:
+            log.warning("batch %s: its staged keys are left to expire (%s)", self.id, exc)
+
+    def discard(self) -> None:
+        """Delete what was staged (an upload refused, failed or replayed); what is left expires with its TTL."""
+        if self.queued:
+            return
+        staged = [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id), keys.batch_ids_key(self.id)]
+        for start in range(0, max(self.chunks, 1), PUSH_SLICE_CHUNKS):
+            names = list(staged) if start == 0 else []
+            for number in range(start, min(start + PUSH_SLICE_CHUNKS, self.chunks)):
+                chunk = keys.chunk_id(self.id, number)
+                names += [layout.job_key(chunk), keys.payload_key(chunk), keys.info_key(chunk)]
+            self.connection.unlink(*names)
+        self.chunks = 0
+
+    def _close_chunk(self) -> None:
+        self._ready.append(self._chunk)
+        self._ready_items += len(self._chunk)
+        self._ready_bytes += sum(len(item.payload) for item in self._chunk)
+        self._chunk = []
+        if self._ready_items >= SLICE_ITEMS or len(self._ready) >= SLICE_CHUNKS or self._ready_bytes >= SLICE_BYTES:
+            self._stage()
+
+    def _stage(self) -> None:
+        """One staging round trip: the full chunks and refused lines taken since the last."""
+        if not self._ready and not self._refused:
+            return
+        per_chunk, args = [], [STAGE_TTL_S, len(self._refused), *self._refused]
+        with self.connection.pipeline(transaction=False) as pipe:
+            for chunk in self._ready:
+                chunk_id = keys.chunk_id(self.id, self.chunks)
+                self.chunks += 1
+                pipe.set(keys.payload_key(chunk_id), _chunk_body(chunk), ex=STAGE_TTL_S)
+                per_chunk.append([layout.job_key(chunk_id), keys.info_key(chunk_id)])
+                info = {
+                    "id": chunk_id,
+                    "model": self.model,
+                    "batch": self.id,
+                    "items": len(chunk),
+                    "content_type": CHUNK_CONTENT_TYPE,
+                    "result_ttl_s": self.result_ttl_s,
+                    "deadline": self._deadline,
+                    # The scripts that end a chunk unrun write its lines from these, never decoding client text.
+                    "custom_ids": encode_ids(item.custom_id for item in chunk),
+                }
+                job = {**self._job, "description": f"{self.model} bulk chunk of {len(chunk)} (batch {self.id})"}
+                args += [chunk_id, len(info), *(v for pair in info.items() for v in pair)]
+                args += [len(job), *(v for pair in job.items() for v in pair)]
+            lists = [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id)]
+            bulk_scripts.STAGE_CHUNKS(pipe, lists, per_chunk, args)
+            pipe.execute()
+        self._ready, self._refused = [], []
+        self._ready_items = self._ready_bytes = 0
+
+
+def encode_ids(custom_ids: Iterable[str]) -> str:
+    """A chunk's custom ids as its info hash keeps them: JSON strings, one a line.
+
+    ``ensure_ascii`` escapes every newline and non-ASCII character (a lone surrogate too), so a line is one id.
+    """
+    return "\n".join(json.dumps(custom_id, ensure_ascii=True) for custom_id in custom_ids)
+
+
+def decode_chunk(payload: bytes) -> list[BulkItem]:
+    """A chunk's items, as a ``BatchWriter`` stored them."""
+    items = json.loads(payload)["items"]
+    return [BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"]) for i in items]
+
+
+def _chunk_body(chunk: Sequence[BulkItem]) -> str:
+    items = [
+        {"custom_id": i.custom_id, "content_type": i.content_type, "payload": base64.b64encode(i.payload).decode()}
+        for i in chunk
+    ]
+    return json.dumps({"items": items}, separators=(",", ":"))
+
+
+def _text(value: bytes | str) -> str:
+    return cast(bytes, value).decode() if isinstance(value, bytes) else str(value)
