@@ -130,8 +130,15 @@ def _unique_name(prefix: str) -> str:
 
 
 def _require_redis(settings: Settings) -> str:
+    """INFERQ_REDIS_URL, once every Redis can give what INFERQ_DURABILITY asks (ConfigError, exit 78, if not)."""
     if not settings.redis_url:
         raise AppError("INFERQ_REDIS_URL is not set; use `inferq up` to start a private Redis")
+    if settings.durability == "fsync":
+        from shared import connections, durability
+
+        for url in settings.redis_urls().values():
+            with connections.connect(url, settings.redis_timeout_s) as connection:
+                durability.check_server(connection, settings)
     return settings.redis_url
 
 

@@ -228,6 +228,8 @@ def is_unavailable(exc: BaseException) -> bool:
 
 def why_unavailable(exc: BaseException) -> str:
     """A short, URL-free reason for logs and 503 answers."""
+    if getattr(exc, "reason", None):  # shared.durability.NotConfirmed: which confirmation failed, and why
+        return str(exc.reason)  # type: ignore[attr-defined]
     if isinstance(exc, redis.exceptions.TimeoutError):
         return "Redis did not answer in time"
     if isinstance(exc, redis.exceptions.BusyLoadingError):

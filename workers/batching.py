@@ -32,7 +32,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import keys, metrics
+from shared import durability, keys, metrics
 from shared.connections import is_unavailable
 from shared.lifecycle import bulk, finish, layout, store
 from shared.lifecycle.queues import register_queues
@@ -381,7 +381,7 @@ class BatchWorker(SimpleWorker):
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
         ended_at = now()
-        self._finisher.submit(lambda: self._retrying(lambda: self._finish(runner, items, queue, ended_at)))
+        self._finisher.submit(lambda: self._store(runner, items, queue, ended_at))
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
@@ -417,7 +417,14 @@ class BatchWorker(SimpleWorker):
         back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
-    def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
+    def _store(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
+        """The finish, then (INFERQ_DURABILITY) its end events once a replica has the results: each retried on
+        its own, so a confirmation that waits never runs the finish twice."""
+        events = self._retrying(lambda: self._finish(runner, items, queue, ended_at))
+        if events:
+            self._retrying(lambda: durability.release(self.connection, self.settings, events))
+
+    def _retrying(self, write: Any, give_up_s: float = 300.0) -> Any:
         """Results already computed survive Redis being down, full or busy: keep trying to store them.
 
         Given up after ``give_up_s`` (or at once for an error Redis will repeat): the worker carries on, and the
@@ -426,18 +433,18 @@ class BatchWorker(SimpleWorker):
         deadline = time.monotonic() + give_up_s
         while True:
             try:
-                write()
+                result = write()
                 self._finish_outage.ok()
-                return
+                return result
             except redis.exceptions.RedisError as exc:
                 if not is_unavailable(exc):
                     log.exception("worker %s: Redis refused a batch's results; its jobs will run again", self.name)
-                    return
+                    return None
                 if time.monotonic() > deadline:
                     log.error(
                         "worker %s: results not stored within %g s; the jobs will run again", self.name, give_up_s
                     )
-                    return
+                    return None
                 time.sleep(self._finish_outage.saw(exc, "storing results"))
 
     def _collect(self, queue: Queue, first_id: str, max_batch: int) -> list[str]:
@@ -473,6 +480,10 @@ class BatchWorker(SimpleWorker):
             self._lost = (queue, job_ids, call.execution_ids)  # until the reply is read: the start may have run
             result = store.started(call, pipe.execute())
             self._lost = None
+        if result.events:  # expiries told once confirmed (INFERQ_DURABILITY); on failure their clients re-read
+            self.outage.skip(
+                lambda: durability.release(self.connection, self.settings, result.events), "telling expiries"
+            )
         if result.vanished or result.expired:
             log.warning(
                 "worker %s: %d job(s) expired before they started; dropped: %s",
@@ -500,7 +511,7 @@ class BatchWorker(SimpleWorker):
         settings = self.settings
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
-    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
+    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> list[bytes]:
         """Store every result, move registries, publish events and queue webhooks: one transaction.
 
         Runs on the finisher's thread, maybe while the next batch starts: it leaves the worker's state alone
@@ -523,7 +534,7 @@ class BatchWorker(SimpleWorker):
             qk = layout.queue_keys(queue.name)
             batch = metrics.batch_increments(len(items))
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
-            vanished, superseded = finish.finished(call, pipe.execute())
+            vanished, superseded, events = finish.finished(call, pipe.execute())
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished
@@ -535,3 +546,4 @@ class BatchWorker(SimpleWorker):
                 len(superseded),
                 superseded,
             )
+        return events
