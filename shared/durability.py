@@ -122,11 +122,13 @@ def check_server(connection: redis.Redis, settings: Settings) -> None:
 
 
 def online_replicas(info: dict[str, Any]) -> int:
-    """Replicas that can acknowledge now: connected_slaves also counts one still loading its first copy."""
+    """Replicas that can acknowledge now: online, and acknowledged once (connected_slaves also counts a replica
+    still receiving its first copy, and one that has it but is still loading it has acknowledged nothing yet)."""
     return sum(
         1
         for name, value in info.items()
-        if name.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+        if name.startswith("slave") and isinstance(value, dict)
+        if value.get("state") == "online" and int(value.get("offset") or 0) > 0
     )
 
 

@@ -70,6 +70,9 @@ def test_replica_with_no_replica_answers_503_says_why_and_recovers_when_one_conn
     replica.start()
     try:
         wait_until(lambda: httpx.get(f"{lone.base}/readyz", timeout=10).status_code == 200, 30, "/readyz 200")
+        # As a client does: a 503 is retried with the same key (a replica that just came online may still be
+        # loading its first copy, and confirm nothing for a moment).
+        wait_until(lambda: submit(lone, 2.0, **{"Idempotency-Key": "k2"}).status_code == 202, 30, "a 202")
         accepted = submit(lone, 2.0, **{"Idempotency-Key": "k2"})
         assert accepted.status_code == 202, accepted.text
         job_id = accepted.json()["id"]
