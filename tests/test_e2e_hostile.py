@@ -9,6 +9,7 @@ import pickle
 import random
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from PIL import Image
 
 from shared import keys
 from shared.rqjson import JSONJob
-from tests.stack import ROOT, Stack
+from tests.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -115,8 +116,8 @@ def test_pickle_planted_in_a_job_and_a_result_is_never_executed(stack: Stack, tm
     tampered = httpx.get(f"{stack.base}/v1/jobs/{done}")
     assert tampered.status_code == 200
     assert tampered.json()["result"] is None and "not readable" in tampered.json()["error"]
-    rq = ROOT / ".venv" / "bin" / "rq"
-    subprocess.run([str(rq) if rq.exists() else "rq", "info", "-u", stack.redis_url], capture_output=True, timeout=60)
+    rq = Path(sys.executable).parent / "rq"  # the venv running the tests, wherever its checkout is
+    subprocess.run([str(rq), "info", "-u", stack.redis_url], capture_output=True, timeout=60)
     assert not marker.exists()
     assert client.exists(keys.info_key(queued))
     client.close()

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from shared import signing
 from shared.redis_server import free_port
 from shared.rqjson import JSONJob
 from tests.receivers import Receiver
-from tests.stack import ROOT, WEBHOOK_SECRET, Stack, wait_until
+from tests.stack import WEBHOOK_SECRET, Stack, wait_until
 from tests.support import POISON
 
 pytestmark = pytest.mark.e2e
@@ -223,7 +224,7 @@ def test_rq_info_shows_queues_and_workers_and_corrupts_nothing(stack: Stack, dig
         headers={"Prefer": "wait=20"},
         timeout=30,
     ).json()["id"]
-    rq = str(ROOT / ".venv" / "bin" / "rq") if (ROOT / ".venv" / "bin" / "rq").exists() else "rq"
+    rq = str(Path(sys.executable).parent / "rq")  # the venv running the tests, wherever its checkout is
     out = subprocess.run([rq, "info", "-u", stack.redis_url], capture_output=True, text=True, timeout=60, check=True)
     assert "inferq.digits" in out.stdout
     assert "inferq.webhooks" in out.stdout
