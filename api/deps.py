@@ -10,6 +10,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from api.events import EventHub
+from shared import shards
 from shared.errors import NotFound
 from shared.jobs import QueueCache
 from shared.models import ModelConfig
@@ -17,16 +18,48 @@ from shared.settings import Settings
 
 
 @dataclass
+class Shard:
+    """One Redis deployment's clients (INFERQ_REDIS_URL is the shard ``default``; INFERQ_REDIS_SHARDS names more)."""
+
+    name: str
+    redis: Redis
+    queues: QueueCache
+    events: EventHub
+    # The submit and read paths: no thread per request (FastAPI runs sync code in its threadpool).
+    aredis: AsyncRedis
+
+
+@dataclass
 class AppState:
     """Everything a request needs, built once in the app's lifespan."""
 
     settings: Settings
-    redis: Redis
-    queues: QueueCache
     models: dict[str, ModelConfig]
-    events: EventHub
-    # The submit and read paths: no thread per request (FastAPI runs sync code in its threadpool).
-    aredis: AsyncRedis
+    shards: dict[str, Shard]
+
+    @property
+    def home(self) -> Shard:
+        """The default shard: INFERQ_REDIS_URL, which also holds the API's own request counts."""
+        return self.shards[shards.DEFAULT]
+
+    @property
+    def redis(self) -> Redis:
+        return self.home.redis
+
+    def for_model(self, config: ModelConfig) -> Shard:
+        """The shard that carries ``config``'s queues and jobs."""
+        return self.shards[config.redis or shards.DEFAULT]
+
+    def for_id(self, job_id: str) -> Shard:
+        """The shard a job or batch ID leads back to (shared/shards.py: no lookup)."""
+        return self.shards[shards.of_id(job_id, self.shards)]
+
+    def placed(self) -> list[tuple[Shard, list[str]]]:
+        """Every shard with the served models it carries, by name (a shard without models is left out)."""
+        out: dict[str, list[str]] = {}
+        for name, config in sorted(self.models.items()):
+            out.setdefault(config.redis or shards.DEFAULT, []).append(name)
+        return [(self.shards[shard], names) for shard, names in sorted(out.items())]
 
 
 def state_of(request: Request) -> AppState:

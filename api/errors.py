@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import errors
+from shared import connections, errors
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,16 @@ def install(app: FastAPI) -> None:
         # Starlette's 405 carries Allow (RFC 9110 requires it); any header an exception sets is part of its answer.
         return error_response(exc.status_code, code, str(exc.detail), exc.headers, flat=is_protocol_path(request))
 
-    @app.exception_handler(redis.exceptions.ConnectionError)
-    @app.exception_handler(redis.exceptions.TimeoutError)
-    async def redis_down(request: Request, exc: Exception) -> JSONResponse:
-        # The message may carry the Redis URL; never echo it.
-        log.warning("Redis unavailable: %s", type(exc).__name__)
-        message = "the job store is unavailable; retry shortly"
+    @app.exception_handler(redis.exceptions.RedisError)
+    async def redis_error(request: Request, exc: Exception) -> JSONResponse:
+        if not connections.is_unavailable(exc):
+            log.exception("unexpected Redis error")
+            return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))
+        # Down, slow, paused, full, busy, loading or demoted: a retry later may succeed. The message names the
+        # condition, never the Redis URL or the reply (which may carry keys).
+        reason = connections.why_unavailable(exc)
+        log.warning("Redis unavailable: %s (%s)", reason, type(exc).__name__)
+        message = f"the job store is unavailable: {reason}; retry shortly"
         return error_response(503, "unavailable", message, flat=is_protocol_path(request))
 
     @app.exception_handler(Exception)

@@ -9,19 +9,23 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import redis.asyncio as aioredis
+import redis
 
-from shared import keys
+from shared import connections, keys
 from shared.jobs import TERMINAL
 
 log = logging.getLogger(__name__)
+# An idle subscription is PINGed this often; no answer within the Redis timeout and it is dropped and made
+# again (a NAT or proxy may have dropped it silently: no event would ever arrive on it).
+PING_EVERY_S = 5.0
 
 
 class EventHub:
     """Wakes the requests waiting on a job when its event arrives on ``keys.EVENTS_CHANNEL``."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, timeout_s: float = 3.0) -> None:
         self.redis_url = redis_url
+        self.timeout_s = timeout_s
         # job id -> each waiting queue, and whether it wants only the end (not "started" and the like).
         self._waiters: dict[str, dict[asyncio.Queue[dict[str, Any]], bool]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -58,15 +62,13 @@ class EventHub:
     async def _listen(self) -> None:
         backoff_s = 0.1
         while True:
-            client = aioredis.Redis.from_url(self.redis_url)
+            client = connections.async_client(self.redis_url, self.timeout_s)
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.subscribe(keys.EVENTS_CHANNEL)
                     self.connected.set()
                     backoff_s = 0.1
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self._dispatch(message["data"])
+                    await self._pump(pubsub)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -77,6 +79,24 @@ class EventHub:
                 backoff_s = min(backoff_s * 2, 5.0)
             finally:
                 await client.aclose()
+
+    async def _pump(self, pubsub: Any) -> None:
+        """Dispatch events until the subscription fails or stops answering its PING."""
+        loop = asyncio.get_running_loop()
+        heard_at, pinged_at = loop.time(), None
+        while True:
+            message = await pubsub.get_message(timeout=min(1.0, PING_EVERY_S))
+            now = loop.time()
+            if message is not None:
+                heard_at, pinged_at = now, None
+                if message.get("type") == "message":
+                    self._dispatch(message["data"])
+                continue
+            if pinged_at is not None and now - pinged_at > self.timeout_s:
+                raise redis.exceptions.TimeoutError("the event subscription stopped answering")
+            if pinged_at is None and now - heard_at >= PING_EVERY_S:
+                await pubsub.ping()
+                pinged_at = now
 
     def _dispatch(self, data: bytes | str) -> None:
         try:

@@ -23,6 +23,8 @@ TARGETS_DOC = {
     "bulk_drain": "bulk batch, no-op model, submit + drain per item: >= 3x cheaper than single jobs",
     "lanes_latency": "one client during a bulk drain: p50 <= idle p50 + one batch time",
     "generator": "the load generator is not the bottleneck: no target figure within 90% of its ceiling",
+    "durability": "INFERQ_DURABILITY=replica (WAIT per pipelined batch): submits >= 0.7x async, one replica",
+    "shards": "two Redis carrying two no-op models drain >= 1.8x one carrying both (or the profile says why not)",
 }
 LIMITED = " (limited by the generator)"
 Row = dict[str, Any]
@@ -225,6 +227,27 @@ def keys_rows(results: dict[str, Any]) -> list[Row]:
     ]
 
 
+def durability_rows(results: dict[str, Any]) -> list[Row]:
+    durability = results.get("durability")
+    if not durability:
+        return []
+    detail = f"{durability['replica_per_s']:.0f} vs {durability['async_per_s']:.0f} submits/s"
+    return [_target("durability", durability["ratio"], 0.7, detail)]
+
+
+def shards_rows(results: dict[str, Any]) -> list[Row]:
+    shards = results.get("shards")
+    if not shards:
+        return []
+    one, two = shards["one_redis"], shards["two_redis"]
+    cores = ", ".join(f"{name} {used:.2f}" for name, used in sorted(two["cpu_cores"].items()))
+    detail = (
+        f"{two['jobs_per_s']:.0f} vs {one['jobs_per_s']:.0f} jobs/s on {shards['cpus']} cores; "
+        f"cores used with two: {cores}"
+    )
+    return [_target("shards", shards["ratio"], 1.8, detail)]
+
+
 # The targets table, in order: one entry per group of rows; a new row is one function here.
 ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     submit_path_rows,
@@ -238,6 +261,8 @@ ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     bulk_rows,
     lanes_rows,
     keys_rows,
+    durability_rows,
+    shards_rows,
 ]
 
 

@@ -27,10 +27,12 @@ from redis import Redis
 from rq.registry import clean_registries
 
 from bench.bulk import bulk_vs_singles, lanes_latency
+from bench.durability import replica_vs_async
 from bench.generators import LoadResult, hammer, limited, pick_tool, python_loop
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.report import write_report
+from bench.shards import two_redis_vs_one
 from shared import keys
 from shared.jobs import QueueCache, Submission, enqueue_job
 from shared.keys import queue_name
@@ -286,6 +288,10 @@ class Bench:
             self.results["bulk_drain"] = bulk_vs_singles(self.redis.url, self.models["noop"], bulk_items)
             self.results["systems"] = {}
             self._api_alone()
+            self.results["durability"] = replica_vs_async(self, 1 if quick else API_ROUNDS, WARM_UP_S)
+            self.results["shards"] = two_redis_vs_one(
+                self.tmp, self.models["noop"], 2000 if quick else 10000, 1 if quick else 3
+            )
             self._inferq()
             if not self.args.skip_peers:
                 for peer in self.args.peers.split(","):

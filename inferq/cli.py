@@ -7,13 +7,11 @@ import json
 import logging
 import os
 import resource
-import shlex
 import socket
 import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from inferq import bulk as bulk_cli
 from inferq.client import (
@@ -34,7 +32,6 @@ from shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from shared.models import ModelRepository
-    from shared.redis_server import RedisServer
 
 log = logging.getLogger("inferq")
 # Connections the kernel holds for the API before it accepts them: a thousand clients arriving at once fit.
@@ -80,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     webhooks = sub.add_parser("webhooks", help="deliver webhooks")
     webhooks.add_argument("--burst", action="store_true", help="quit when the queue is empty")
     webhooks.add_argument("--name", help="worker name (default: unique per process)")
+    webhooks.add_argument("--redis", default="default", help="the Redis it serves: a name of INFERQ_REDIS_SHARDS")
 
     submit = sub.add_parser(
         "submit", help="submit inputs to a model through the API: files (a .json file is sent as the JSON body)"
@@ -121,19 +119,10 @@ def _add_bind(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port (INFERQ_PORT, default 8000)")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def settings_of(args: argparse.Namespace) -> Settings:
     settings = get_settings()
     overrides = {k: getattr(args, k) for k in ("host", "port", "api_workers") if getattr(args, k, None) is not None}
     return settings.model_copy(update=overrides) if overrides else settings
-
-
-def redact(url: str) -> str:
-    """A Redis URL without its password, for printing."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def _unique_name(prefix: str) -> str:
@@ -141,8 +130,15 @@ def _unique_name(prefix: str) -> str:
 
 
 def _require_redis(settings: Settings) -> str:
+    """INFERQ_REDIS_URL, once every Redis can give what INFERQ_DURABILITY asks (ConfigError, exit 78, if not)."""
     if not settings.redis_url:
         raise AppError("INFERQ_REDIS_URL is not set; use `inferq up` to start a private Redis")
+    if settings.durability == "fsync":
+        from shared import connections, durability
+
+        for url in settings.redis_urls().values():
+            with connections.connect(url, settings.redis_timeout_s) as connection:
+                durability.check_server(connection, settings)
     return settings.redis_url
 
 
@@ -153,9 +149,9 @@ def cmd_api(args: argparse.Namespace) -> int:
     from api.http_protocol import HttpProtocol
     from shared.models import load_model_configs
 
-    settings = _settings(args)
+    settings = settings_of(args)
     _require_redis(settings)
-    _report_invalid(load_model_configs(settings.models_dir))
+    _report_invalid(load_model_configs(settings.models_dir, settings.redis_shards))
     _raise_open_files_limit()
     options: dict[str, Any] = {
         "host": settings.host,
@@ -187,8 +183,8 @@ def _raise_open_files_limit() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from redis import Redis
-
+    from shared import connections, shards
+    from shared.lifecycle.store import BLOCK_SLICE_S
     from shared.models import load_model_configs
     from shared.rqjson import check_rq_version, refuse_pickle
     from workers.batching import BatchWorker
@@ -196,10 +192,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.running import load_runner
 
     settings = get_settings()
-    url = _require_redis(settings)
+    _require_redis(settings)
     check_rq_version()
     refuse_pickle()
-    configs = load_model_configs(settings.models_dir)
+    configs = load_model_configs(settings.models_dir, settings.redis_shards)
     for name in args.model or []:
         if name in configs.invalid:
             raise ConfigError(configs.invalid[name])
@@ -209,6 +205,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in configs]
     if unknown or not names:
         raise AppError(f"unknown model(s) {unknown}; the repository has {sorted(configs)}")
+    url = settings.redis_urls()[shards.of_models({n: configs[n].redis for n in names}, names)]
     runners = {}
     for name in names:
         config = configs[name]
@@ -219,7 +216,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,
-        connection=Redis.from_url(url),
+        # Its socket timeout outlasts its longest blocking wait (a claim's BLMOVE slice), and no more.
+        connection=connections.connect(url, max(settings.redis_timeout_s, BLOCK_SLICE_S + 1.5)),
         settings=settings,
         max_wait_ms=max_wait_ms,
         name=args.name or _unique_name("+".join(names)),
@@ -237,105 +235,20 @@ def _report_invalid(configs: ModelRepository) -> None:
 
 
 def cmd_webhooks(args: argparse.Namespace) -> int:
-    from redis import Redis
-
+    from shared import connections
     from shared.rqjson import refuse_pickle
     from workers.webhooks import webhook_worker
 
     settings = get_settings()
-    url = _require_redis(settings)
+    _require_redis(settings)
     refuse_pickle()
-    worker = webhook_worker(Redis.from_url(url), settings, name=args.name or _unique_name("webhooks"))
+    url = settings.redis_urls().get(args.redis)
+    if url is None:
+        raise ConfigError(f"--redis {args.redis}: INFERQ_REDIS_SHARDS has no such Redis")
+    connection = connections.connect(url, settings.redis_timeout_s)
+    worker = webhook_worker(connection, settings, name=args.name or _unique_name("webhooks"))
     worker.work(burst=args.burst, with_scheduler=True, logging_level=args.log_level)
     return 0
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    from redis import Redis
-
-    from inferq.leftovers import clear_leftovers
-    from inferq.supervisor import Child, Supervisor
-    from shared import keys
-    from shared.models import load_model_configs
-    from shared.redis_server import RedisServer, port_in_use
-
-    settings = _settings(args)
-    configs = load_model_configs(settings.models_dir)
-    env = dict(os.environ)
-    server = None
-    if not settings.redis_url:
-        # Named in the data's lock file: a second `up` on this data refuses with this line.
-        owner = f"inferq up (pid {os.getpid()}, API http://{settings.host}:{settings.port})"
-        server = RedisServer(settings.data_dir / "redis", appendonly=True, stable_port=True, owner=owner)
-        server.start()
-        env["INFERQ_REDIS_URL"] = server.url
-    redis_url = env["INFERQ_REDIS_URL"]
-    try:
-        # Checked after the data's lock, which names the instance that holds the port when it is this folder's.
-        if settings.port and port_in_use(settings.host, settings.port):
-            raise ConfigError(
-                f"the API's address {settings.host}:{settings.port} is taken by another program; stop it, "
-                "or give inferq another port (--port or INFERQ_PORT)"
-            )
-        with Redis.from_url(redis_url) as connection:
-            cleared = clear_leftovers(connection, [keys.queue_name(name) for name in configs])
-        if cleared.workers or cleared.scheduler_locks:
-            log.info(
-                "cleared what a run that did not stop left in Redis: workers %s, scheduler locks %s",
-                ", ".join(sorted(cleared.workers)) or "none",
-                ", ".join(cleared.scheduler_locks) or "none",
-            )
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
-    me = [sys.executable, "-m", "inferq", "--log-level", args.log_level]
-    workers = [Child(f"worker {name}", [*me, "worker", "--model", name]) for name in configs]
-    services = [
-        Child("api", [*me, "api", "--host", settings.host, "--port", str(settings.port)]),
-        Child("webhooks", [*me, "webhooks"]),
-    ]
-    supervisor = Supervisor(workers, services, env, server, stop_grace_s=args.stop_grace_s)
-    _print_banner(settings, redis_url, configs, server, args.stop_grace_s)
-    code = supervisor.run()
-    print("inferq stopped.", flush=True)
-    return code
-
-
-def _print_banner(
-    settings: Settings, redis_url: str, configs: ModelRepository, server: RedisServer | None, grace_s: float
-) -> None:
-    base = f"http://{settings.host}:{settings.port}"
-    # Commands that work as pasted: the venv's own tools, and the URL itself unless it carries a password.
-    url = redis_url if redact(redis_url) == redis_url else '"$INFERQ_REDIS_URL"'
-    lines = [
-        "inferq is up",
-        f"  API:     {base}  (docs: {base}/docs)",
-        f"  Redis:   {redact(redis_url)}" + (f"  (its data and port stay in {server.data_dir})" if server else ""),
-        f"  models:  {', '.join(configs) or 'none'}",
-        *(f"  left out: {name}: {error}" for name, error in configs.invalid.items()),
-        f"  queues:  {_tool('rq')} info -u {url}",
-    ]
-    # rq-dashboard binds every interface by default, and it has no login yet can requeue and delete jobs.
-    dashboard = f"--redis-url {url} --json --bind 127.0.0.1"
-    if _tool("rq-dashboard") != "rq-dashboard":
-        lines.append(f"  dashboard: {_tool('rq-dashboard')} {dashboard}, then http://127.0.0.1:9181")
-    else:
-        lines.append(f"  dashboard: {_tool('pip')} install rq-dashboard; then rq-dashboard {dashboard}")
-    lines.append(
-        f"Ctrl-C stops everything; running batches get up to {grace_s:g} s to finish (Ctrl-C again: stop now)."
-    )
-    print("\n".join(lines), flush=True)
-
-
-def _tool(name: str) -> str:
-    """The command for a tool beside this Python (``.venv/bin/rq`` from the repository root), else its bare name."""
-    path = Path(sys.executable).parent / name
-    if not path.exists():
-        return name
-    cwd = Path.cwd()
-    shown = str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
-    return shlex.quote(shown if "/" in shown else f"./{shown}")
 
 
 def _api_base(args: argparse.Namespace) -> str:
@@ -459,6 +372,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     with _client(args, timeout=bulk_cli.UPLOAD_TIMEOUT_S) as client:
         return bulk_cli.cmd_batch(args, client)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from inferq.up import cmd_up as up
+
+    return up(args)
 
 
 COMMANDS = {

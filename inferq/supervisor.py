@@ -4,8 +4,10 @@ Every child runs in its own session, so a terminal's Ctrl-C reaches only the sup
 then stops them in order: workers first (the first SIGTERM lets a worker finish and store its
 batch), then the API and the webhook sender, and Redis last, so nothing loses Redis mid-write.
 
-A child that exits is started again, unless it cannot start: exit status 78 (a broken model or
-setting; its own line says why) or a crash loop ends its restarts, and the rest keep serving.
+A child that exits is started again, always: the pause before a restart doubles with each exit in a
+minute, up to ``MAX_BACKOFF_S``, and the log says when the next try comes. The one exception is exit
+status 78 (a broken model or setting: its own line says why, and a restart would not change it); the
+rest keep serving. Redis itself (when ``inferq up`` started it) is restarted the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from shared.redis_server import RedisServer, RedisServerError, die_with_parent
 log = logging.getLogger("inferq")
 # sysexits' EX_CONFIG: the child cannot work as configured, and a restart would not change that.
 EXIT_CONFIG = 78
-# A child that exits this many times within the window is left stopped.
-MAX_EXITS = 5
+# Exits within this window count towards the pause before the next restart: 0 s, 1 s, 2 s, 4 s... up to
+# MAX_BACKOFF_S. A child that stayed up for a whole window starts over from 0 s.
 RESTART_WINDOW_S = 60.0
+MAX_BACKOFF_S = 30.0
 # How long a stage may take to stop after its second SIGTERM (or second Ctrl-C) before it is killed.
 HURRY_S = 10.0
 # The API and the webhook sender: an attempt in flight is bounded by INFERQ_WEBHOOK_TIMEOUT_S.
@@ -45,7 +48,8 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     exits: deque[float] = field(default_factory=deque)
     restart_at: float | None = None
-    gave_up: str | None = None
+    # Why it is not restarted (it could not start as configured), or None.
+    stopped_for: str | None = None
 
     @property
     def running(self) -> bool:
@@ -62,15 +66,18 @@ class Supervisor:
         env: dict[str, str],
         redis: RedisServer | None,
         stop_grace_s: float,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
         self.workers = list(workers)
         self.services = list(services)
         self.env = env
         self.redis = redis
         self.stop_grace_s = stop_grace_s
+        self.max_backoff_s = max_backoff_s
         self.signals = 0
         self.exit_code = 0
         self._redis_exits: deque[float] = deque()
+        self._redis_restart_at: float | None = None
 
     @property
     def children(self) -> list[Child]:
@@ -111,12 +118,12 @@ class Supervisor:
         child.proc = subprocess.Popen(child.command, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
 
     def _tend(self) -> bool:
-        """Restart what exited; False when nothing can serve any more."""
+        """Restart what exited, after its pause; False when nothing can serve any more."""
         now = time.monotonic()
-        if self.redis is not None and not self.redis.is_running() and not self._restart_redis(now):
+        if self.redis is not None and not self.redis.is_running() and not self._tend_redis(now):
             return False
         for child in self.children:
-            if child.gave_up or child.running:
+            if child.stopped_for or child.running:
                 continue
             if child.restart_at is not None:
                 if now >= child.restart_at:
@@ -125,39 +132,42 @@ class Supervisor:
             assert child.proc is not None
             code = child.proc.returncode
             if code == EXIT_CONFIG:
-                child.gave_up = "could not start (its error is above)"
+                child.stopped_for = "could not start (its error is above)"
                 log.error(
                     "%s could not start (its error is above); not restarting it, the rest keep serving", child.name
                 )
                 continue
-            child.exits.append(now)
-            while child.exits and now - child.exits[0] > RESTART_WINDOW_S:
-                child.exits.popleft()
-            if len(child.exits) >= MAX_EXITS:
-                child.gave_up = f"exited {len(child.exits)} times within {RESTART_WINDOW_S:g} s (last status {code})"
-                log.error("%s %s; not restarting it, the rest keep serving", child.name, child.gave_up)
-                continue
-            # A crashed worker's jobs come back through RQ's abandoned-job retries; back off in a crash loop.
-            delay_s = float(len(child.exits) - 1)
-            log.warning("%s exited with status %s; restarting it in %g s", child.name, code, delay_s)
+            delay_s = _pause_s(child.exits, now, self.max_backoff_s)
+            # A crashed worker's jobs come back through RQ's abandoned-job retries.
+            if len(child.exits) >= 3:
+                log.warning(
+                    "%s exited %d times within %g s (last status %s); restarting it in %g s",
+                    child.name,
+                    len(child.exits),
+                    RESTART_WINDOW_S,
+                    code,
+                    delay_s,
+                )
+            else:
+                log.warning("%s exited with status %s; restarting it in %g s", child.name, code, delay_s)
             child.restart_at = now + delay_s
-        if all(child.gave_up for child in self.children):
-            log.error("nothing is left running; stopping")
-            configs = all(c.proc is not None and c.proc.returncode == EXIT_CONFIG for c in self.children)
-            self.exit_code = EXIT_CONFIG if configs else 1
+        if all(child.stopped_for for child in self.children):
+            log.error("nothing can run as configured; stopping")
+            self.exit_code = EXIT_CONFIG
             return False
         return True
 
-    def _restart_redis(self, now: float) -> bool:
+    def _tend_redis(self, now: float) -> bool:
+        """Start Redis again after its pause; False only when its binary or data cannot start at all."""
         assert self.redis is not None
-        self._redis_exits.append(now)
-        while self._redis_exits and now - self._redis_exits[0] > RESTART_WINDOW_S:
-            self._redis_exits.popleft()
-        if len(self._redis_exits) >= MAX_EXITS:
-            log.error("redis exited %d times within %g s; stopping", len(self._redis_exits), RESTART_WINDOW_S)
-            self.exit_code = 1
-            return False
-        log.warning("redis exited; restarting it on port %s (its AOF keeps the data)", self.redis.port)
+        if self._redis_restart_at is None:
+            delay_s = _pause_s(self._redis_exits, now, self.max_backoff_s)
+            port = self.redis.port
+            log.warning("redis exited; restarting it on port %s in %g s (its AOF keeps the data)", port, delay_s)
+            self._redis_restart_at = now + delay_s
+        if now < self._redis_restart_at:
+            return True
+        self._redis_restart_at = None
         try:
             self.redis.start()
         except RedisServerError as exc:
@@ -203,3 +213,11 @@ class Supervisor:
         for child in children:
             assert child.proc is not None
             child.proc.wait()
+
+
+def _pause_s(exits: deque[float], now: float, cap_s: float) -> float:
+    """Note an exit at ``now``; the pause before the restart: 0 s for the first exit in a window, then doubling."""
+    exits.append(now)
+    while exits and now - exits[0] > RESTART_WINDOW_S:
+        exits.popleft()
+    return 0.0 if len(exits) == 1 else min(cap_s, 2.0 ** (len(exits) - 2))

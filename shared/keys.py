@@ -130,6 +130,12 @@ def metrics_failures_key(model: str) -> str:
     return f"{PREFIX}:metrics:model:{model}:failures"
 
 
+# INFERQ_DURABILITY: a write of our own before WAIT, so that WAIT confirms every write made before it
+# (shared/durability.py).
+DURABILITY_PROBE_KEY = f"{PREFIX}:durability:probe"
+DURABILITY_PROBE_TTL_S = 60
+
+
 # Webhook deliveries' counters and latency histogram, for every job and batch.
 WEBHOOK_METRICS_KEY = f"{PREFIX}:metrics:webhooks"
 # API requests by route, method and status, summed over every API process.

@@ -6,6 +6,7 @@ This module reads configs only; it never imports torch (the API uses it too).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -56,6 +57,9 @@ class ModelConfig(BaseModel):
     retries: int | None = Field(default=None, ge=0, le=10)
     max_queue_length: int | None = Field(default=None, ge=1)
     device: str = "auto"
+    # The Redis deployment that carries this model's queues and jobs: a name of INFERQ_REDIS_SHARDS (shared/shards.py);
+    # absent, INFERQ_REDIS_URL's.
+    redis: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9]{0,15}$")
 
     @property
     def weights_path(self) -> Path:
@@ -106,10 +110,11 @@ class ModelRepository(dict[str, ModelConfig]):
         self.invalid = invalid
 
 
-def load_model_configs(models_dir: Path) -> ModelRepository:
+def load_model_configs(models_dir: Path, redis_shards: Collection[str] = ()) -> ModelRepository:
     """Every model in the repository, by name; a config that fails its checks is left out, with its error.
 
-    One broken folder must not stop every other model: callers report ``invalid`` and serve the rest.
+    One broken folder must not stop every other model: callers report ``invalid`` and serve the rest. A model
+    placed on a Redis that ``redis_shards`` (INFERQ_REDIS_SHARDS's names) does not define is invalid too.
     """
     if not models_dir.is_dir():
         raise ConfigError(f"models directory {models_dir} does not exist")
@@ -119,7 +124,14 @@ def load_model_configs(models_dir: Path) -> ModelRepository:
         if not (folder / "config.json").is_file():
             continue
         try:
-            configs[folder.name] = load_model_config(folder)
+            config = load_model_config(folder)
         except ConfigError as exc:
             invalid[folder.name] = exc.message
+            continue
+        if config.redis is not None and config.redis not in redis_shards:
+            known = ", ".join(sorted(redis_shards)) or "none"
+            where = folder / "config.json"
+            invalid[folder.name] = f"{where}: redis: {config.redis!r} is not in INFERQ_REDIS_SHARDS (it has: {known})"
+            continue
+        configs[folder.name] = config
     return ModelRepository(configs, invalid)

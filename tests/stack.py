@@ -175,13 +175,22 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def new_stack(tmp: Path, appendonly: bool = False, **env_overrides: str) -> Stack:
-    server = RedisServer(tmp / "redis", appendonly=appendonly)
-    server.start()
+def new_stack(
+    tmp: Path,
+    appendonly: bool = False,
+    redis_options: Iterable[str] = (),
+    server: RedisServer | None = None,
+    redis_url: str | None = None,
+    **env_overrides: str,
+) -> Stack:
+    """A stack on a private Redis of its own, or on ``server`` (reached by ``redis_url``, e.g. a Sentinel group's)."""
+    if server is None:
+        server = RedisServer(tmp / "redis", appendonly=appendonly, options=tuple(redis_options))
+        server.start()
     models_dir = make_models_dir(tmp / "models")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")} | {
-        "INFERQ_REDIS_URL": server.url,
+        "INFERQ_REDIS_URL": redis_url or server.url,
         "INFERQ_MODELS_DIR": str(models_dir),
         "INFERQ_PORT": str(port),
         "INFERQ_WEBHOOK_SECRET": WEBHOOK_SECRET,

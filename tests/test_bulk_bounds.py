@@ -41,9 +41,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, int]]]:
     seen: list[tuple[str, int]] = []
     real = lua.Script.__call__
 
-    def spy(self: lua.Script, client: Any, fixed: Any, items: Any = (), args: Any = ()) -> Any:
+    def spy(self: lua.Script, client: Any, fixed: Any, items: Any = (), args: Any = (), **options: Any) -> Any:
         seen.append((self.name, len(items)))
-        return real(self, client, fixed, items, args)
+        return real(self, client, fixed, items, args, **options)
 
     monkeypatch.setattr(lua.Script, "__call__", spy)
     yield seen

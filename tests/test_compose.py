@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_py
 import yaml
 
 from inferq.cli import COMMANDS, build_parser
+from shared.connections import parse as parse_redis_url
+from shared.redis_server import default_server, free_port
 from shared.settings import Settings
+from tests.stack import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models", "batch")
@@ -78,7 +82,8 @@ def test_inferq_services_share_the_environment() -> None:
     services = _services()
     envs = [services[name]["environment"] for name, _ in _inferq_services()]
     assert all(env == envs[0] for env in envs)
-    assert envs[0]["INFERQ_REDIS_URL"] == "redis://redis:6379/0"
+    # The compose Redis unless the shell names another (the ha profile's sentinels).
+    assert envs[0]["INFERQ_REDIS_URL"] == "${INFERQ_REDIS_URL:-redis://redis:6379/0}"
     assert "INFERQ_WEBHOOK_SECRET" in envs[0]
     assert set(envs[0]) <= {f"INFERQ_{key.upper()}" for key in Settings.model_fields} | {"INFERQ_LOG_LEVEL"}
 
@@ -244,3 +249,62 @@ def test_grafana_provisions_the_prometheus_service_and_the_dashboard() -> None:
     env = grafana["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     assert "prometheus" in grafana["depends_on"]
+
+
+def _sentinel_conf(service: dict[str, Any]) -> list[str]:
+    """The lines a sentinel service's command writes to its config file."""
+    script = _argv(service["command"])[2]
+    printed = script.split(" > ", 1)[0].removeprefix("printf '%s\\n' ")
+    return shlex.split(printed)
+
+
+def test_ha_profile_is_a_primary_a_replica_and_three_sentinels_the_documented_url_names() -> None:
+    services = _services()
+    ha = sorted(name for name, svc in services.items() if "ha" in svc.get("profiles", []))
+    assert ha == ["redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"]
+    replica = _argv(services["redis-replica"]["command"])
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == ["redis", "6379"]
+    assert replica[replica.index("--maxmemory-policy") + 1] == "noeviction"
+    header = (ROOT / "docker-compose.yml").read_text().split("\nname:", 1)[0]
+    url = re.search(r"INFERQ_REDIS_URL=(\S+)", header)
+    assert url is not None
+    target = parse_redis_url(url.group(1))
+    assert target.service == "inferq"
+    assert sorted(target.sentinels) == [(f"sentinel-{n}", 26379) for n in (1, 2, 3)]
+    for n in (1, 2, 3):
+        conf = _sentinel_conf(services[f"sentinel-{n}"])
+        assert "sentinel monitor inferq redis 6379 2" in conf and "port 26379" in conf
+
+
+def test_the_sentinel_config_starts_a_real_sentinel(tmp_path: Path) -> None:
+    """The lines compose writes, with the primary's name pointed at loopback, run in this machine's redis-server."""
+    port = free_port()
+    conf = [
+        line.replace("inferq redis 6379", "inferq 127.0.0.1 6399").replace("port 26379", f"port {port}")
+        for line in _sentinel_conf(_services()["sentinel-1"])
+    ]
+    (tmp_path / "sentinel.conf").write_text("\n".join(conf) + "\n")
+    proc = subprocess.Popen(
+        [default_server(), str(tmp_path / "sentinel.conf"), "--sentinel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        client = redis_py.Redis(port=port, socket_timeout=2)
+        wait_until(lambda: _answers(client), 15, "the sentinel")
+        master = client.execute_command("SENTINEL", "MASTER", "inferq")
+        fields = dict(zip(master[::2], master[1::2], strict=True))
+        assert fields[b"quorum"] == b"2" and fields[b"down-after-milliseconds"] == b"5000"
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def _answers(client: redis_py.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis_py.RedisError:
+        return False

@@ -238,13 +238,15 @@ def test_models_and_health(stack: Stack) -> None:
     assert digits["max_batch"] == 64 and digits["input"]["size"] == [8, 8]
     assert digits["queue"] == "inferq.digits" and isinstance(digits["queue_length"], int)
     assert digits["workers"] == 1
-    assert httpx.get(f"{stack.base}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{stack.base}/healthz").json() == {"status": "ok", "durability": "async"}
     # The module's stack runs one worker, for digits; the other models' jobs would wait.
     assert httpx.get(f"{stack.base}/readyz").json() == {
-        "status": "ready",
+        "status": "degraded",
         "workers": {"digits": 1, "digits-batch": 0, "fragile": 0, "slow": 0},
         "models_without_workers": ["digits-batch", "fragile", "slow"],
         "invalid_models": [],
+        "durability": "async",
+        "replicas": None,
     }
     schema = httpx.get(f"{stack.base}/openapi.json").json()
     # One submit path per model, each with that model's request body.

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,52 +18,11 @@ from rq.serializers import JSONSerializer
 from shared import signing
 from shared.redis_server import free_port
 from shared.rqjson import JSONJob
+from tests.receivers import Receiver
 from tests.stack import WEBHOOK_SECRET, Stack, wait_until
 from tests.support import POISON
 
 pytestmark = pytest.mark.e2e
-
-
-class Receiver:
-    """A local webhook receiver; by default it fails each message's first delivery with a 500."""
-
-    def __init__(self, statuses: list[int] | None = None, port: int | None = None) -> None:
-        self.deliveries: list[dict[str, Any]] = []
-        self.statuses = statuses
-        self.port = port or free_port()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                first = not any(d["headers"]["webhook-id"] == headers["webhook-id"] for d in receiver.deliveries)
-                receiver.deliveries.append({"headers": headers, "body": body})
-                if receiver.statuses is not None:
-                    status = receiver.statuses[min(len(receiver.deliveries), len(receiver.statuses)) - 1]
-                else:
-                    status = 500 if first else 204
-                self.send_response(status)
-                if status in (301, 302, 307):
-                    self.send_header("Location", receiver.url)
-                if status == 429:
-                    self.send_header("Retry-After", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

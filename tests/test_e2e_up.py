@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferq import cli
+from inferq import up
 from shared.models import ModelRepository
 from shared.redis_server import free_port
 from shared.settings import Settings
@@ -154,7 +154,7 @@ def test_the_dashboard_command_up_prints_listens_on_loopback_only(
 ) -> None:
     # rq-dashboard binds every interface unless told: the printed command served a dashboard with no login,
     # one that requeues and deletes jobs, to the whole network.
-    cli._print_banner(Settings(redis_url=redis_url), redis_url, ModelRepository({}, {}), None, 30.0)
+    up.print_banner(Settings(redis_url=redis_url), redis_url, ModelRepository({}, {}), None, 30.0)
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("dashboard:")]
     command = line.split("dashboard:", 1)[1].rsplit(", then", 1)[0]
     port = free_port()

@@ -93,6 +93,7 @@ def test_the_page_shows_the_models_and_runs_a_digit_through_the_playground(
             page.click("#key-form button[type=submit]")
             expect(page.locator("[data-model]")).to_have_count(len(MODELS), timeout=15_000)
             assert [page.locator("[data-model]").nth(i).get_attribute("data-model") for i in range(4)] == MODELS
+            expect(page.locator("#summary")).to_contain_text("durability async")  # what a 202 promises
             card = page.locator('[data-model="digits"]')
 
             card.locator(".playground input[type=file]").set_input_files(digit)

@@ -26,31 +26,35 @@ def term(signum, frame):
         say("stopped")
         sys.exit(0)
 signal.signal(signal.SIGTERM, term)
+say("up")
 if mode.startswith("exit"):
     sys.exit(int(mode[4:]))
-say("up")
 while True:
     time.sleep(0.05)
 """
 DRIVER = """
 import sys
 from inferq.supervisor import Child, Supervisor
-log, child, grace, worker_mode, service_mode = sys.argv[1:]
+log, child, grace, worker_mode, service_mode, cap = sys.argv[1:]
 def make(name, mode):
     return Child(name, [sys.executable, child, log, name, mode])
-supervisor = Supervisor([make("worker a", worker_mode)], [make("api", service_mode)], {}, None, float(grace))
+workers, services = [make("worker a", worker_mode)], [make("api", service_mode)]
+supervisor = Supervisor(workers, services, {}, None, float(grace), max_backoff_s=float(cap))
 sys.exit(supervisor.run())
 """
 
 
-def _supervise(tmp: Path, worker_mode: str, service_mode: str = "finish") -> tuple[subprocess.Popen[bytes], Path]:
+def _supervise(
+    tmp: Path, worker_mode: str, service_mode: str = "finish", cap_s: float = 30.0
+) -> tuple[subprocess.Popen[bytes], Path]:
     (tmp / "child.py").write_text(CHILD)
     (tmp / "driver.py").write_text(DRIVER)
     log = tmp / "children.log"
     log.touch()
     with (tmp / "supervisor.log").open("wb") as said:
         proc = subprocess.Popen(
-            [sys.executable, str(tmp / "driver.py"), str(log), str(tmp / "child.py"), "60", worker_mode, service_mode],
+            [sys.executable, str(tmp / "driver.py"), str(log), str(tmp / "child.py"), "60", worker_mode, service_mode]
+            + [str(cap_s)],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stderr=said,
@@ -95,4 +99,18 @@ def test_children_that_cannot_start_are_not_restarted_and_nothing_left_stops_it(
     said = (tmp_path / "supervisor.log").read_text()
     assert said.count("worker a could not start (its error is above); not restarting it") == 1
     assert said.count("api could not start (its error is above); not restarting it") == 1
-    assert "nothing is left running; stopping" in said
+    assert "nothing can run as configured; stopping" in said
+
+
+def test_a_crash_loop_is_never_given_up_it_backs_off_to_the_cap_and_says_so(tmp_path: Path) -> None:
+    """The audit's Redis-full minute: five exits, and the supervisor gave up on its children for good."""
+    proc, log = _supervise(tmp_path, "exit3", cap_s=0.5)
+    wait_until(lambda: log.read_text().count("worker a up") >= 9, 60, "nine starts of the crashing worker")
+    assert proc.poll() is None  # still supervising
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    said = (tmp_path / "supervisor.log").read_text()
+    assert "worker a exited with status 3; restarting it in 0 s" in said
+    assert "worker a exited with status 3; restarting it in 0.5 s" in said
+    assert "worker a exited 8 times within 60 s (last status 3); restarting it in 0.5 s" in said
+    assert "not restarting" not in said

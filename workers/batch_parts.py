@@ -1,38 +1,23 @@
-"""Parts of the batching worker that stand alone: its keep-alive thread, the prefetched batch, per-item helpers.
+"""Parts of the batching worker that stand alone: its keep-alive thread, its finisher thread, per-item helpers.
 
-With the overlap on (``INFERQ_OVERLAP``: by default on a CUDA device only), a one-slot prefetch
-thread claims and pops the next batch, reads its inputs, preprocesses and collates it (into pinned
-memory, copied to the device on a stream of its own) while the model runs the current one. The
-prefetched jobs wait unstarted in the intermediate list, exactly like a batch being collected: a
-stop gives them back to the front of their queue, a kill leaves them to RQ's cleanup, and they are
-started (by the same start script) only once the current batch has finished.
-"""
+The prefetch (the overlap) is workers/prefetch.py; waiting out Redis is workers/outage.py."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import redis
-import torch
-from rq.queue import Queue
 from rq.utils import now
 
 from shared import metrics
 from shared.lifecycle.store import Claimed
-from workers.running import Item, ModelRunner, Prepared, prepare
+from workers.running import Item
 
 log = logging.getLogger("workers.batching")
-
-# A prefetched batch waits unstarted in RQ's intermediate list, where maintenance takes back a job left
-# over a minute (it would run twice); one held this long (the batch before it runs long) goes back first.
-PREFETCH_HOLD_LIMIT_S = 30.0
 
 
 class KeepAlive:
@@ -80,17 +65,6 @@ class KeepAlive:
                     self._beat(batch)
 
 
-@dataclass
-class Prefetched:
-    """The next batch, popped (not started) while the current one runs; ``prepared`` once it is ready."""
-
-    queue: Queue
-    job_ids: list[str]
-    held_since: float
-    items: list[Item] | None = None
-    prepared: Prepared | None = None
-
-
 def observe(acc: metrics.Increments, item: Item) -> None:
     """What one item adds to its model's metrics when its job ends (counted only if it ends here)."""
     job = item.job
@@ -104,34 +78,9 @@ def observe(acc: metrics.Increments, item: Item) -> None:
     metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
 
 
-def same_jobs(started: list[Item], job_ids: list[str]) -> bool:
-    """Whether the start kept every prefetched job, in order (a bulk chunk is never prepared ahead)."""
-    return all(item.custom_id is None for item in started) and [item.job.id for item in started] == job_ids
-
-
-def prepare_aside(runner: ModelRunner, items: list[Item]) -> Prepared:
-    """Prepare a batch off the main thread; on a GPU its copies go on a stream of their own."""
-    if runner.device.type != "cuda":
-        return prepare(runner, items)
-    stream = torch.cuda.Stream(runner.device)
-    with torch.cuda.stream(stream):
-        prepared = prepare(runner, items)
-    prepared.stream = stream
-    return prepared
-
-
 def jobs_of(items: list[Item]) -> list[Claimed]:
     """The batch's jobs, once each: the items of a bulk chunk share theirs."""
     return list({id(item.job): item.job for item in items}.values())
-
-
-def survive_outage(call: Any) -> None:
-    """Run a housekeeping call; while Redis is away, skip it rather than let RQ's loop quit."""
-    try:
-        call()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        log.warning("Redis unreachable during housekeeping (%s); carrying on", type(exc).__name__)
-        time.sleep(0.5)
 
 
 class Finisher:

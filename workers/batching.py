@@ -19,10 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis import Redis
@@ -33,23 +32,21 @@ from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import keys, metrics
+from shared import durability, keys, metrics
+from shared.connections import is_unavailable
 from shared.lifecycle import bulk, finish, layout, store
 from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.batch_parts import (
-    PREFETCH_HOLD_LIMIT_S,
     Finisher,
     KeepAlive,
-    Prefetched,
     jobs_of,
-    prepare_aside,
-    same_jobs,
-    survive_outage,
 )
+from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
+from workers.prefetch import Prefetcher, same_jobs
 from workers.running import (
     BatchReport,
     BatchTimeout,
@@ -96,6 +93,10 @@ class BatchWorker(SimpleWorker):
         )
         self.runners = runners
         self.settings = settings
+        # Redis being down, full, busy or demoted is waited out (workers/outage.py): the main loop's and the
+        # finisher thread's own backoffs.
+        self.outage = Outage(f"worker {self.name}")
+        self._finish_outage = Outage(f"worker {self.name} (storing results)")
         self.max_wait_ms = max_wait_ms
         self._running: tuple[list[Item], Queue] | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
@@ -120,17 +121,25 @@ class BatchWorker(SimpleWorker):
         # The overlap: the next batch is prepared while the model runs the current one (module docstring).
         cuda = any(runner.device.type == "cuda" for runner in runners.values())
         self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
-        self._prefetch_lock = threading.Lock()
-        self._prefetch_thread: threading.Thread | None = None
-        self._prefetched: Prefetched | None = None  # being popped or prepared by the prefetch thread
-        self._ready: Prefetched | None = None  # handed from the dequeue to execute_job
-        self._prefetch_closed = False
-        self.batches_prefetched = 0
+        self.prefetch = Prefetcher(self)
+
+    @property
+    def batches_prefetched(self) -> int:
+        return self.prefetch.count
 
     # -- RQ loop, with fewer round trips ---------------------------------------------------
+    def _set_connection(self, connection: Redis) -> Redis:
+        """Keep the connection's short socket timeout: RQ raises it past its own blocking dequeue (which this
+        worker never uses: its blocking waits are BLOCK_SLICE_S at most), and a frozen connection would then
+        hang the worker for half a minute."""
+        return connection
+
     def register_birth(self) -> None:
-        super().register_birth()
-        register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
+        def birth() -> None:
+            super(BatchWorker, self).register_birth()
+            register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
+
+        self.outage.wait(birth, "registering")
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
@@ -141,16 +150,16 @@ class BatchWorker(SimpleWorker):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
-            survive_outage(pipe.execute)
+            self.outage.skip(pipe.execute, "sending a heartbeat")
 
     def check_for_suspension(self, burst: bool) -> None:
         if time.monotonic() - self._suspension_checked_at < self.suspension_check_interval_s:
             return
         self._suspension_checked_at = time.monotonic()
-        survive_outage(lambda: super(BatchWorker, self).check_for_suspension(burst))
+        self.outage.skip(lambda: super(BatchWorker, self).check_for_suspension(burst), "checking for suspension")
 
     def run_maintenance_tasks(self) -> None:
-        survive_outage(super().run_maintenance_tasks)
+        self.outage.skip(super().run_maintenance_tasks, "running maintenance")
 
     def _note_abandoned(self, job: Any, exc_type: type, exc_value: BaseException, tb: Any) -> bool:
         """RQ's cleanup calls this before it retries or fails a dead worker's job; note the ones it will fail."""
@@ -191,29 +200,29 @@ class BatchWorker(SimpleWorker):
             self._finisher.wait()
         except Exception:
             log.exception("worker %s: the last batch's results could not be stored", self.name)
-        super().teardown()
+        self.outage.skip(super().teardown, "registering its end")
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
-        self._prefetch_closed = False  # a worker may work() again after a burst
+        self.prefetch.closed = False  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
         finally:
-            self._close_prefetch()
+            self.prefetch.close()
+            self.outage.skip(self._take_back_lost, "giving back a batch")
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
         """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
-        survive_outage(lambda: self.set_state(WorkerStatus.IDLE))
-        ready = self._take_prefetched()
+        self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+        ready = self.prefetch.take()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
-            self._ready = ready
-            survive_outage(self.heartbeat)
+            self.prefetch.ready = ready
+            self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
-        wait_s = 1.0
         idle_since = now()
         idle_left = max_idle_time
         while True:
@@ -225,6 +234,7 @@ class BatchWorker(SimpleWorker):
                 if timeout is not None and idle_left is not None:
                     timeout = min(timeout, idle_left)
                 claimed = self._claim(timeout)
+                self.outage.ok()
                 if claimed is None:
                     return None
                 job_id, queue = claimed
@@ -235,10 +245,10 @@ class BatchWorker(SimpleWorker):
                     idle_left = math.ceil(max_idle_time - (now() - idle_since).total_seconds())
                     if idle_left <= 0:
                         return None
-            except redis.exceptions.ConnectionError as exc:
-                log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, wait_s)
-                time.sleep(wait_s)
-                wait_s = min(wait_s * self.exponential_backoff_factor, self.max_connection_wait_time)
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    raise
+                time.sleep(self.outage.saw(exc, "waiting for work"))
 
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
         """The next job, moved into its queue's intermediate list in one step; None when empty (burst).
@@ -283,7 +293,7 @@ class BatchWorker(SimpleWorker):
         RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
         stopping while collecting would strand the popped jobs in the intermediate list.
         """
-        if self._held is not None or self._prefetched is not None:
+        if self._held is not None or self.prefetch.ahead is not None:
             self._stop_requested = True
             self.set_shutdown_requested_date()
             log.info("worker %s: stopping after the batch being collected", self.name)
@@ -297,7 +307,7 @@ class BatchWorker(SimpleWorker):
             running, self._running = self._running, None
             held, self._held = self._held, None
             # The next batch first: the running one is then put back in front of it, in order.
-            self._give_back_prefetched(wait_s=2.0)
+            self.prefetch.give_back(wait_s=2.0)
             if running is not None:
                 self._give_back(*running)
             elif held is not None:
@@ -309,19 +319,20 @@ class BatchWorker(SimpleWorker):
     # -- one batch -------------------------------------------------------------------------
     def execute_job(self, job: JSONJob, queue: Queue) -> None:  # type: ignore[override]
         runner = self.runners[keys.model_from_queue(queue.name)]
-        ready, self._ready = self._ready, None
+        ready = self.prefetch.hand_over()
         if ready is not None and (ready.job_ids[0] != job.id or ready.queue.name != queue.name):
             ready = None  # never: the dequeue hands over what it took
         self._held = (queue, ready.job_ids if ready else [job.id])
         try:
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except redis.exceptions.RedisError as exc:
+            if not is_unavailable(exc):
+                raise
             # Not left to maintenance (a minute or more; longer if the start ran): see _take_back_lost.
             if self._lost is None and self._held is not None:
                 self._lost = (*self._held, [])
-            log.error("worker %s: Redis lost while starting a batch (%s)", self.name, exc)
-            time.sleep(1.0)
+            time.sleep(self.outage.saw(exc, "starting a batch"))
             return
         finally:
             self._held = None
@@ -345,7 +356,7 @@ class BatchWorker(SimpleWorker):
             with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
                 if self.overlap or prepared is not None:
                     prepared = prepared or prepare(runner, items)
-                    self._start_prefetch()  # the next batch is prepared while this one runs
+                    self.prefetch.start()  # the next batch is prepared while this one runs
                     report = run_prepared(runner, prepared)
                 else:
                     report = run_batch(runner, items)
@@ -370,11 +381,11 @@ class BatchWorker(SimpleWorker):
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
         ended_at = now()
-        self._finisher.submit(lambda: self._retrying(lambda: self._finish(runner, items, queue, ended_at)))
+        self._finisher.submit(lambda: self._store(runner, items, queue, ended_at))
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
-        self._expire_prefetched()
+        self.prefetch.expire()
         qk, jobs = batch
         ttl_s = self.settings.heartbeat_ttl_s
         try:
@@ -385,89 +396,6 @@ class BatchWorker(SimpleWorker):
                 pipe.execute()
         except redis.exceptions.RedisError as exc:
             log.warning("worker %s: heartbeat failed (%s)", self.name, exc)
-
-    # -- the overlap: the next batch, prepared while this one runs ----------------------------------
-    def _start_prefetch(self) -> None:
-        """Start the prefetch thread, unless one is still busy or a prefetched batch waits."""
-        if self._prefetch_closed or self._stop_requested or self._prefetched is not None:
-            return
-        if self._prefetch_thread is not None and self._prefetch_thread.is_alive():
-            return
-        self._prefetch_thread = threading.Thread(target=self._prefetch, name="inferq-prefetch", daemon=True)
-        self._prefetch_thread.start()
-
-    def _prefetch(self) -> None:
-        """Claim and pop the next batch (never blocking), read its inputs and prepare it."""
-        try:
-            with self._prefetch_lock:
-                if self._prefetch_closed or self._stop_requested:
-                    return
-                claimed = self._claim(None)
-                if claimed is None:
-                    return
-                job_id, queue = claimed
-                ahead = Prefetched(queue, [job_id], time.monotonic())
-                self._prefetched = ahead
-                if keys.is_chunk(job_id):
-                    return  # a bulk chunk: a batch of its own, prepared once started (its items are in it)
-                runner = self.runners[keys.model_from_queue(queue.name)]
-                ahead.job_ids += store.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
-            inputs = store.read_inputs(self.connection, ahead.job_ids)
-            # The jobs are not started yet: the start script gives each its job; until then, no job.
-            items = [Item(cast(Any, None), payload, content_type) for payload, content_type in inputs]
-            prepared = prepare_aside(runner, items)
-            with self._prefetch_lock:
-                if self._prefetched is ahead:
-                    ahead.items, ahead.prepared = items, prepared
-                    self.batches_prefetched += 1
-        except Exception:  # the jobs stay held; the main loop starts and prepares them as usual
-            log.exception("worker %s: preparing the next batch failed", self.name)
-
-    def _take_prefetched(self) -> Prefetched | None:
-        """The prefetched batch, once the prefetch thread is done with it; None when there is none."""
-        thread = self._prefetch_thread
-        if thread is not None:
-            thread.join()
-            self._prefetch_thread = None
-        with self._prefetch_lock:
-            ahead, self._prefetched = self._prefetched, None
-        return ahead
-
-    def _give_back_prefetched(self, wait_s: float | None = None) -> None:
-        """Put a prefetched batch back at the front of its queue, and prefetch no more."""
-        if not self._prefetch_lock.acquire(timeout=-1 if wait_s is None else wait_s):
-            log.warning("worker %s: the prefetch thread holds its lock; RQ's cleanup will requeue", self.name)
-            return
-        try:
-            self._prefetch_closed = True
-            ahead, self._prefetched = self._prefetched, None
-            ready, self._ready = self._ready, None
-        finally:
-            self._prefetch_lock.release()
-        for batch in (ahead, ready):
-            if batch is not None:
-                self._give_back_held(batch.queue, batch.job_ids)
-
-    def _close_prefetch(self) -> None:
-        """The loop ended: wait for the prefetch thread, then give back what it took."""
-        self._prefetch_closed = True
-        thread = self._prefetch_thread
-        if thread is not None:
-            thread.join(timeout=30)
-        survive_outage(self._give_back_prefetched)
-        survive_outage(self._take_back_lost)
-
-    def _expire_prefetched(self) -> None:
-        """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue before maintenance takes it."""
-        with self._prefetch_lock:
-            ahead = self._prefetched
-            if ahead is None or time.monotonic() - ahead.held_since < PREFETCH_HOLD_LIMIT_S:
-                return
-            self._prefetched = None
-        try:
-            self._give_back_held(ahead.queue, ahead.job_ids)
-        except redis.exceptions.RedisError as exc:
-            log.warning("worker %s: giving back a prefetched batch failed (%s)", self.name, exc)
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
@@ -489,19 +417,35 @@ class BatchWorker(SimpleWorker):
         back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
-    def _retrying(self, write: Any, give_up_s: float = 300.0) -> None:
-        """Results already computed survive a Redis restart: keep trying to store them."""
-        wait_s, deadline = 0.2, time.monotonic() + give_up_s
+    def _store(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
+        """The finish, then (INFERQ_DURABILITY) its end events once a replica has the results: each retried on
+        its own, so a confirmation that waits never runs the finish twice."""
+        events = self._retrying(lambda: self._finish(runner, items, queue, ended_at))
+        if events:
+            self._retrying(lambda: durability.release(self.connection, self.settings, events))
+
+    def _retrying(self, write: Any, give_up_s: float = 300.0) -> Any:
+        """Results already computed survive Redis being down, full or busy: keep trying to store them.
+
+        Given up after ``give_up_s`` (or at once for an error Redis will repeat): the worker carries on, and the
+        batch's jobs, still started, are run again by maintenance once their heartbeat lapses.
+        """
+        deadline = time.monotonic() + give_up_s
         while True:
             try:
-                write()
-                return
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                result = write()
+                self._finish_outage.ok()
+                return result
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    log.exception("worker %s: Redis refused a batch's results; its jobs will run again", self.name)
+                    return None
                 if time.monotonic() > deadline:
-                    raise
-                log.warning("worker %s: cannot store results (%s); retrying in %.1f s", self.name, exc, wait_s)
-                time.sleep(wait_s)
-                wait_s = min(wait_s * 2, 5.0)
+                    log.error(
+                        "worker %s: results not stored within %g s; the jobs will run again", self.name, give_up_s
+                    )
+                    return None
+                time.sleep(self._finish_outage.saw(exc, "storing results"))
 
     def _collect(self, queue: Queue, first_id: str, max_batch: int) -> list[str]:
         """The first job plus what is already waiting; with max_wait_ms, wait for more."""
@@ -536,6 +480,10 @@ class BatchWorker(SimpleWorker):
             self._lost = (queue, job_ids, call.execution_ids)  # until the reply is read: the start may have run
             result = store.started(call, pipe.execute())
             self._lost = None
+        if result.events:  # expiries told once confirmed (INFERQ_DURABILITY); on failure their clients re-read
+            self.outage.skip(
+                lambda: durability.release(self.connection, self.settings, result.events), "telling expiries"
+            )
         if result.vanished or result.expired:
             log.warning(
                 "worker %s: %d job(s) expired before they started; dropped: %s",
@@ -563,7 +511,7 @@ class BatchWorker(SimpleWorker):
         settings = self.settings
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
-    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
+    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> list[bytes]:
         """Store every result, move registries, publish events and queue webhooks: one transaction.
 
         Runs on the finisher's thread, maybe while the next batch starts: it leaves the worker's state alone
@@ -586,7 +534,7 @@ class BatchWorker(SimpleWorker):
             qk = layout.queue_keys(queue.name)
             batch = metrics.batch_increments(len(items))
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
-            vanished, superseded = finish.finished(call, pipe.execute())
+            vanished, superseded, events = finish.finished(call, pipe.execute())
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished
@@ -598,3 +546,4 @@ class BatchWorker(SimpleWorker):
                 len(superseded),
                 superseded,
             )
+        return events

@@ -34,6 +34,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import keys, metrics, signing
+from shared.connections import is_unavailable
 from shared.errors import InvalidInput, NotFound
 from shared.jobs import get_job_view, isoformat, utcnow
 from shared.lifecycle import bulk, layout
@@ -41,6 +42,7 @@ from shared.lifecycle.queues import register_queues
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
+from workers.outage import Outage
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}
@@ -322,16 +324,54 @@ class WebhookWorker(SimpleWorker):
     it, maintenance (every ``maintenance_interval_s``) requeues it within a minute.
     """
 
+    # RQ's blocking dequeue waits this long per call, and the socket timeout must outlast it: short, so a
+    # connection that died silently is noticed in seconds (RQ's own default would be half a minute).
+    dequeue_timeout = 5  # type: ignore[assignment]
+    connection_timeout = dequeue_timeout + 2  # type: ignore[assignment]
+
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
+        # Redis being down, full, busy or demoted is waited out (workers/outage.py), never a reason to quit.
+        self.outage = Outage(f"webhook sender {self.name}")
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.settings.heartbeat_ttl_s
 
     def register_birth(self) -> None:
-        super().register_birth()
-        register_queues(self.connection, self.queue_names())  # rq info lists the sender before any webhook
+        def birth() -> None:
+            super(WebhookWorker, self).register_birth()
+            register_queues(self.connection, self.queue_names())  # rq info lists the sender before any webhook
+
+        self.outage.wait(birth, "registering")
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        self.outage.skip(lambda: super(WebhookWorker, self).heartbeat(timeout), "sending a heartbeat")
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self.outage.skip(lambda: super(WebhookWorker, self).check_for_suspension(burst), "checking for suspension")
+
+    def run_maintenance_tasks(self) -> None:
+        self.outage.skip(super().run_maintenance_tasks, "running maintenance")
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """RQ's dequeue, waiting out an unavailable Redis (RQ's own retries only a refused connection)."""
+        while True:
+            try:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    raise
+                time.sleep(self.outage.saw(exc, "waiting for webhooks"))
+                continue
+            self.outage.ok()
+            return result
+
+    def teardown(self) -> None:
+        self.outage.skip(super().teardown, "registering its end")
 
     def set_current_job_id(self, job_id: str | None = None, pipeline: Any = None) -> None:
         # Never names the delivery: rq-dashboard reads a worker's current job with pickle whatever its
@@ -339,16 +379,24 @@ class WebhookWorker(SimpleWorker):
         super().set_current_job_id(None, pipeline=pipeline)
 
     def execute_job(self, job: Any, queue: Queue) -> None:
-        self.prepare_execution(job)
+        try:
+            self.prepare_execution(job)
+        except redis.exceptions.RedisError as exc:
+            if not is_unavailable(exc):
+                raise
+            # The delivery waits in RQ's intermediate list, where maintenance puts it back (at least once).
+            time.sleep(self.outage.saw(exc, "starting a delivery"))
+            return
         stop = threading.Event()
         beat = threading.Thread(target=self._keep_alive, args=(job, stop), daemon=True)
         beat.start()
         try:
-            self.perform_job(job, queue)
+            # Not run again here if Redis fails while its attempt is recorded: maintenance requeues it (at least once).
+            self.outage.skip(lambda: self.perform_job(job, queue), "recording a delivery")
         finally:
             stop.set()
             beat.join()
-        self.set_state(WorkerStatus.IDLE)
+        self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
 
     def _keep_alive(self, job: Any, stop: threading.Event) -> None:
         while not stop.wait(self.settings.heartbeat_ttl_s / 3):

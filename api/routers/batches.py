@@ -16,9 +16,8 @@ from api.auth import Owner
 from api.bulk_upload import LineChecker, read_upload
 from api.deps import Model, State
 from api.schemas import ERRORS
-from shared import keys
+from shared import keys, shards
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.jobs import new_job_id
 from shared.lifecycle import bulk, upload
 from shared.lifecycle.upload import BatchWriter
 from shared.urls import check_webhook_target_async
@@ -83,15 +82,16 @@ async def submit_batch(
         await check_webhook_target_async(webhook, settings.webhook_allow)
     fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0")
     idem_key = keys.idempotency_key(owner or "", f"batch\0{idempotency_key}") if idempotency_key else None
-    held = cast(bytes | None, await run_in_threadpool(state.redis.get, idem_key)) if idem_key else None
+    shard = state.for_model(config)
+    held = cast(bytes | None, await run_in_threadpool(shard.redis.get, idem_key)) if idem_key else None
     if held is not None:  # a replay: the body is only read for its fingerprint, nothing is written
         await read_upload(request, settings, None, fingerprint)
         return await _replayed(request, state, owner, held.decode(), fingerprint.hexdigest())
-    batch_id = new_job_id()
+    batch_id = shards.new_id(shard.name)
     max_batch = min(config.max_batch, settings.max_batch or config.max_batch)
     result_ttl_s = result_ttl or settings.result_ttl_s
     writer = BatchWriter(
-        state.redis,
+        shard.redis,
         settings,
         batch_id,
         config.name,
@@ -121,7 +121,7 @@ async def submit_batch(
         raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
     if verdict == "stale":
         raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
-    view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+    view = await run_in_threadpool(bulk.read_batch, shard.redis, batch_id, owner)
     if view is None:
         raise NotFound(f"the batch {batch_id} has expired")
     return _accepted(request, view, checker.refusals.count, checker.refusals.shown)
@@ -132,20 +132,21 @@ async def _replayed(request: Request, state: State, owner: str | None, held: str
     batch_id, _, held_fingerprint = held.partition(" ")
     if held_fingerprint != fingerprint:
         raise InvalidInput("this Idempotency-Key was used with a different request body")
-    view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+    connection = state.for_id(batch_id).redis
+    view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
     # A retry that overtook its first upload's last steps (its chunks being queued) waits for them, a while.
     waited_s = 0.0
     while (
-        view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, state.redis, batch_id)
+        view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, connection, batch_id)
     ):
         await anyio.sleep(0.05)
         waited_s += 0.05
-        view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+        view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
     if view is None:
-        if await run_in_threadpool(bulk.is_pending, state.redis, batch_id):
+        if await run_in_threadpool(bulk.is_pending, connection, batch_id):
             raise Conflict(f"the batch {batch_id} of this Idempotency-Key is still being queued; retry")
         raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
-    count, shown = await run_in_threadpool(bulk.read_refused, state.redis, batch_id)
+    count, shown = await run_in_threadpool(bulk.read_refused, connection, batch_id)
     return _accepted(request, view, count, shown)
 
 
@@ -163,7 +164,7 @@ def _accepted(request: Request, view: dict[str, Any], refused_count: int, refuse
 @router.get("/v1/batches/{batch_id}", responses=ERRORS)
 async def get_batch(request: Request, batch_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """The batch's status, item counts, rate and estimated time left."""
-    view = await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner)
+    view = await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner)
     if view is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
     return {**view, "urls": _urls(request, batch_id)}
@@ -188,13 +189,15 @@ async def batch_results(
     ] = 0,
 ) -> JSONLResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
-    if await run_in_threadpool(bulk.read_batch, state.redis, batch_id, owner) is None:
+    if await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
+
+    connection = state.for_id(batch_id).redis
 
     async def lines() -> AsyncIterator[bytes]:
         start = offset
         while True:
-            page = await run_in_threadpool(bulk.result_lines, state.redis, batch_id, start, RESULTS_PAGE)
+            page = await run_in_threadpool(bulk.result_lines, connection, batch_id, start, RESULTS_PAGE)
             for line in page:
                 if status is None or json.loads(line).get("status") == status:
                     yield line + b"\n"
@@ -208,7 +211,7 @@ async def batch_results(
 @router.post("/v1/batches/{batch_id}/cancel", responses=ERRORS)
 async def cancel_batch(request: Request, batch_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel the items not yet run; lines already finished are kept. A batch that ended answers 409."""
-    verdict = await run_in_threadpool(bulk.cancel_batch, state.redis, state.settings, batch_id, owner)
+    verdict = await run_in_threadpool(bulk.cancel_batch, state.for_id(batch_id).redis, state.settings, batch_id, owner)
     if verdict == "missing":
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
     if verdict == "ended":

@@ -14,9 +14,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import Owner
-from api.deps import AppState, Model, State
+from api.deps import AppState, Model, Shard, State
 from api.inputs import parse_submission, prefer_wait, read_body
 from api.schemas import ERRORS, JobPublic
+from shared import shards
 from shared.jobs import (
     TERMINAL,
     Submission,
@@ -24,7 +25,6 @@ from shared.jobs import (
     enqueue_job_async,
     get_job_view_async,
     isoformat,
-    new_job_id,
     public_status,
     view_from_event,
 )
@@ -47,13 +47,13 @@ def _urls(request: Request, job_id: str) -> dict[str, str]:
 
 
 async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, Any]:
-    return await get_job_view_async(state.aredis, job_id, owner)
+    return await get_job_view_async(state.for_id(job_id).aredis, job_id, owner)
 
 
 async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
     """The job's view once it is terminal, or as it is when ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
-    with state.events.subscribe(job_id, ends_only=True) as events:
+    with state.for_id(job_id).events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
         view = await _view(state, job_id, owner)
         known = (view["model"], view["created_at"])
@@ -97,14 +97,14 @@ async def _until_end(
 
 
 async def _enqueue_and_wait(
-    state: AppState, submission: Submission, wait_s: float, owner: str | None
+    state: AppState, shard: Shard, submission: Submission, wait_s: float, owner: str | None
 ) -> tuple[Enqueued, dict[str, Any] | None]:
     """Enqueue, then wait up to ``wait_s`` for the end: the job, and its view if it was read."""
     deadline = time.monotonic() + wait_s
-    job_id = new_job_id()
-    with state.events.subscribe(job_id, ends_only=True) as events:
+    job_id = shards.new_id(shard.name)
+    with shard.events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before the job exists, so no end can come unseen: no read of a job known to be queued.
-        job = await enqueue_job_async(state.aredis, state.settings, submission, job_id, waited=True)
+        job = await enqueue_job_async(shard.aredis, state.settings, submission, job_id, waited=True)
         if job.id == job_id:
             known = (submission.model, isoformat(job.created_at))
             return job, await _until_end(state, job_id, owner, events, deadline, None, known)
@@ -138,10 +138,12 @@ async def submit_job(
     )
     if submission.webhook:
         await check_webhook_target_async(submission.webhook, settings.webhook_allow)
+    shard = state.for_model(config)
     if wait_s > 0:
-        job, view = await _enqueue_and_wait(state, submission, wait_s, owner)
+        job, view = await _enqueue_and_wait(state, shard, submission, wait_s, owner)
     else:
-        job, view = await enqueue_job_async(state.aredis, settings, submission), None
+        job_id = shards.new_id(shard.name)
+        job, view = await enqueue_job_async(shard.aredis, settings, submission, job_id), None
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:
@@ -170,7 +172,7 @@ async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dic
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
 async def cancel(job_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel a queued or running job; a job that already ended answers 409."""
-    await run_in_threadpool(cancel_job, state.queues, state.settings, job_id, owner)
+    await run_in_threadpool(cancel_job, state.for_id(job_id).queues, state.settings, job_id, owner)
     return await _view(state, job_id, owner)
 
 
@@ -188,7 +190,7 @@ async def job_events(job_id: str, request: Request, state: State, owner: Owner) 
     first = await _view(state, job_id, owner)  # 404 before the stream starts
 
     async def stream() -> AsyncIterator[str]:
-        with state.events.subscribe(job_id) as events:
+        with state.for_id(job_id).events.subscribe(job_id) as events:
             view = await _view(state, job_id, owner)
             yield _sse(view)
             last = view["status"]

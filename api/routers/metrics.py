@@ -10,17 +10,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from redis import Redis
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import AppState, State
-from shared import keys, metrics
+from shared import durability, keys, metrics
 from shared.lifecycle import census
 
 log = logging.getLogger(__name__)
@@ -104,10 +107,44 @@ def _write(connection: Redis, counted: metrics.Increments) -> None:
         pipe.execute()
 
 
+class DurabilityCollector(Collector):
+    """What an acknowledgement means here (INFERQ_DURABILITY) and, with ``replica``, whether it can be given now."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        settings = self.state.settings
+        mode = GaugeMetricFamily(
+            "inferq_durability", "What a 202 promises (INFERQ_DURABILITY): 1 for the mode set.", labels=["mode"]
+        )
+        for name in ("async", "replica", "fsync"):
+            mode.add_metric([name], 1.0 if settings.durability == name else 0.0)
+        yield mode
+        if settings.durability != "replica":
+            return
+        replicas = GaugeMetricFamily(
+            "inferq_redis_connected_replicas", "Replicas connected to the Redis primary.", labels=["redis"]
+        )
+        unavailable = GaugeMetricFamily(
+            "inferq_durability_unavailable",
+            "1 while INFERQ_DURABILITY=replica cannot acknowledge (too few replicas): submits answer 503.",
+            labels=["redis"],
+        )
+        for name, shard in sorted(self.state.shards.items()):
+            count, reason = durability.readiness(shard.redis, settings)
+            replicas.add_metric([name], float(count or 0))
+            unavailable.add_metric([name], 1.0 if reason else 0.0)
+        yield replicas
+        yield unavailable
+
+
 def exposition(state: AppState) -> bytes:
     """One scrape: the cluster read from Redis, written by prometheus_client."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics.ClusterCollector(lambda: census.read_cluster(state.redis, sorted(state.models))))
+    placed = [(shard.redis, names) for shard, names in state.placed()]
+    registry.register(metrics.ClusterCollector(lambda: census.read_clusters(placed, state.redis)))
+    registry.register(DurabilityCollector(state))
     return generate_latest(registry)
 
 

@@ -45,7 +45,7 @@ def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
     """How many workers RQ has registered on each model's queue; one that stopped cleanly has unregistered."""
     counts = {}
     for name in names:
-        queue = state.queues.get(keys.queue_name(name))
+        queue = state.for_model(state.models[name]).queues.get(keys.queue_name(name))
         workers = Worker.all(queue=queue, job_class=JSONJob, queue_class=JSONQueue, serializer=JSONSerializer)
         counts[name] = len(workers)
     return counts
@@ -67,14 +67,21 @@ def _public(config: ModelConfig, lengths: dict[str, int], workers: int) -> Model
 
 
 def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], dict[str, int]]:
-    with state.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            for lane in keys.LANES:
-                pipe.llen(state.queues.get(keys.queue_name(name, lane)).key)
-        flat = [int(n) for n in pipe.execute()]
-    lanes = len(keys.LANES)
-    lengths = [dict(zip(keys.LANES, flat[i : i + lanes], strict=True)) for i in range(0, len(flat), lanes)]
-    return lengths, live_workers(state, names)
+    """Each model's queue length per lane, read from the Redis that carries it, and its live workers."""
+    by_name: dict[str, dict[str, int]] = {}
+    for shard, placed in state.placed():
+        mine = [name for name in placed if name in names]
+        if not mine:
+            continue
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in mine:
+                for lane in keys.LANES:
+                    pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
+            flat = [int(n) for n in pipe.execute()]
+        lanes = len(keys.LANES)
+        for at, name in zip(range(0, len(flat), lanes), mine, strict=True):
+            by_name[name] = dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
+    return [by_name[name] for name in names], live_workers(state, names)
 
 
 @router.get("", response_model=ModelListing)

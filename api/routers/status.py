@@ -70,6 +70,7 @@ class ClusterStatus(BaseModel):
     window_s: int
     models: list[ModelStatus]
     webhooks: dict[str, float] = Field(description="webhook delivery attempts by outcome")
+    durability: str = Field(description="what a 202 promises (INFERQ_DURABILITY): async, replica or fsync")
 
 
 @router.get("/", include_in_schema=False)
@@ -106,8 +107,10 @@ def _point(start: int, fields: dict[str, float]) -> WindowPoint:
 def _status(state: AppState) -> ClusterStatus:
     names = sorted(state.models)
     now_s = time.time()
-    cluster = census.read_cluster(state.redis, names)
-    recent = census.read_recent(state.redis, names, HISTORY_WINDOWS + 1, now_s)
+    cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)
+    recent: dict[str, census.Recent] = {}
+    for shard, placed in state.placed():
+        recent |= census.read_recent(shard.redis, placed, HISTORY_WINDOWS + 1, now_s)
     models = []
     for name in names:
         now = cluster.models[name]
@@ -138,4 +141,5 @@ def _status(state: AppState) -> ClusterStatus:
         window_s=metrics.WINDOW_S,
         models=models,
         webhooks=metrics.counters(cluster.webhooks, "outcome"),
+        durability=state.settings.durability,
     )

@@ -24,6 +24,7 @@ from api.errors import error_response
 from api.inputs import prefer_wait, read_body
 from api.routers.jobs import wait_for_end
 from api.routers.models import live_workers
+from shared import shards
 from shared.errors import InvalidInput, NotFound, UnsupportedMedia
 from shared.inputs import input_kind
 from shared.jobs import Submission, enqueue_job_async, isoformat, public_status
@@ -59,7 +60,8 @@ async def live() -> dict[str, bool]:
 @router.get("/health/ready")
 async def ready(state: State) -> dict[str, bool]:
     """Redis answers (503 otherwise)."""
-    await run_in_threadpool(state.redis.ping)
+    for shard in state.shards.values():
+        await run_in_threadpool(shard.redis.ping)
     return {"ready": True}
 
 
@@ -140,7 +142,8 @@ async def infer(
         idempotency_key=idempotency_key or None,
         owner=owner,
     )
-    job = await enqueue_job_async(state.aredis, settings, submission, waited=wait_s > 0)
+    shard = state.for_model(config)
+    job = await enqueue_job_async(shard.aredis, settings, submission, shards.new_id(shard.name), waited=wait_s > 0)
     location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
     view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
     if view is not None and view["status"] == "finished":

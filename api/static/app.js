@@ -117,8 +117,8 @@ function render(status) {
   }
   const workers = status.models.reduce((n, m) => n + (m.workers.busy || 0) + (m.workers.idle || 0), 0);
   document.getElementById("summary").textContent =
-    status.models.length + " model(s) · " + workers + " worker slot(s) · updated " +
-    new Date(status.generated_at * 1000).toLocaleTimeString();
+    status.models.length + " model(s) · " + workers + " worker slot(s) · durability " + status.durability +
+    " · updated " + new Date(status.generated_at * 1000).toLocaleTimeString();
 }
 
 function clearModels() {

@@ -19,9 +19,9 @@ from typing import Any, cast
 from redis import Redis
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import keys
+from shared import durability, keys
 from shared.lifecycle import bulk_scripts, layout, store
-from shared.lifecycle.lua import CANCELED_LINE_TAIL
+from shared.lifecycle.lua import CANCELED_LINE_TAIL, told
 from shared.lifecycle.upload import BatchWriter
 from shared.lifecycle.upload import BulkItem as BulkItem
 from shared.lifecycle.upload import decode_chunk as decode_chunk
@@ -142,6 +142,23 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
     fixed += [*store.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
     per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
+    events: list[bytes] = []
+    try:
+        return _cancel_slices(connection, settings, batch_id, owner, fixed, chunks, per_call, events)
+    finally:
+        durability.release(connection, settings, events)  # the batch's end (if this ended it) once a replica has it
+
+
+def _cancel_slices(
+    connection: Redis,
+    settings: Settings,
+    batch_id: str,
+    owner: str | None,
+    fixed: list[str],
+    chunks: Any,
+    per_call: int,
+    events: list[bytes],
+) -> str:
     for start in range(0, max(int(chunks or 0), 1), per_call):
         # The chunk list is complete and never changes once the batch is visible.
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
@@ -149,7 +166,11 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
         args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
         args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *store.metrics_args()]
         args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
-        verdict = _text(bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args)[0])
+        reply, told_events = told(
+            bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args, defer=durability.defers(settings))
+        )
+        events += told_events
+        verdict = _text(reply[0])
         if verdict != "ok":
             # Ended by an earlier slice of this cancel (its last items canceled), or by workers meanwhile.
             return verdict if start == 0 else "ok"

@@ -71,6 +71,23 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
     return metrics.Cluster(states, webhooks, http)
 
 
+def read_clusters(placed: Sequence[tuple[Redis, Sequence[str]]], home: Redis) -> metrics.Cluster:
+    """The cluster over every Redis deployment (shared/shards.py): each one's models, and the webhook and HTTP
+    counts summed (the API's request counts live on ``home``, INFERQ_REDIS_URL's; each webhook sender counts on
+    the deployment it serves)."""
+    models: dict[str, metrics.ModelState] = {}
+    webhooks: dict[str, float] = {}
+    http: dict[str, float] = {}
+    read = {id(connection): read_cluster(connection, names) for connection, names in placed}
+    if id(home) not in read:
+        read[id(home)] = read_cluster(home, [])
+    for cluster in read.values():
+        models |= cluster.models
+        webhooks = metrics.merge([webhooks, cluster.webhooks])
+        http = metrics.merge([http, cluster.http])
+    return metrics.Cluster(models, webhooks, http)
+
+
 @dataclass(frozen=True)
 class Recent:
     """A model's last windows (oldest first: start, fields) and its latest failures (newest first)."""

@@ -17,9 +17,10 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import keys, metrics
+from shared import durability, keys, metrics
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
+from shared.lifecycle.lua import told
 from shared.lifecycle.store import Claimed, _batch_keys, _template, _text, metrics_args, metrics_keys
 from shared.metrics import Increments
 from shared.settings import Settings
@@ -89,14 +90,15 @@ def finish(
     fixed += metrics_keys(keys.model_from_queue(qk.name))
     args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *metrics_args()]
     args += [metrics.encode(batch_metrics or {}), metrics.encode(total), *_template(settings), *entries]
-    scripts.FINISH(pipe, fixed, per_job, args)
+    scripts.FINISH(pipe, fixed, per_job, args, defer=durability.defers(settings))
     return FinishCall(position)
 
 
-def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]]:
-    """(vanished, superseded) job ids of a finish queued with ``finish``."""
-    vanished, superseded = replies[call.position]
-    return [_text(i) for i in vanished], [_text(i) for i in superseded]
+def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str], list[bytes]]:
+    """(vanished, superseded) job ids of a finish queued with ``finish``, and the end events it left to its caller
+    (``durability.release``: published once a replica has the results)."""
+    (vanished, superseded), events = told(replies[call.position])
+    return [_text(i) for i in vanished], [_text(i) for i in superseded], events
 
 
 def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> bytes:

@@ -51,7 +51,7 @@ local function batch_end_if_done(record, results, stamp, channel, hook)
     redis.call('HSET', record, 'ended_at', stamp)
     redis.call('EXPIRE', record, tonumber(r[5]) or 1)
     redis.call('EXPIRE', results, tonumber(r[5]) or 1)
-    redis.call('PUBLISH', channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
+    emit(channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
     if redis.call('HEXISTS', record, 'webhook') == 1 then
       queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
     end
@@ -137,9 +137,19 @@ local function announce(d)
   end
   local event = cjson.encode({id = d.job_id, model = d.model, status = d.status})
   if d.view then event = string.sub(event, 1, -2) .. ',"view":' .. d.view .. '}' end
-  redis.call('PUBLISH', d.channel, event)
+  emit(d.channel, event)
   return true
 end
+"""
+# Every script made of ANNOUNCE ends jobs or batches, and tells of each end with ``emit``: at once, or, when the
+# caller will confirm the writes first (INFERQ_DURABILITY, shared/durability.py), into the OUTBOX the script
+# returns beside its own reply, for the caller to publish once a replica (or the disk) has them.
+_EMITTING = """local DEFER = table.remove(ARGV) == '1'
+local OUTBOX = {}
+local function emit(channel, message)
+  if DEFER then OUTBOX[#OUTBOX + 1] = message else redis.call('PUBLISH', channel, message) end
+end
+local function main()
 """
 
 
@@ -180,17 +190,33 @@ class Script:
     source: str
     per_item: tuple[str, ...] = ()
 
-    def __call__(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+    @property
+    def emits(self) -> bool:
+        """Whether it tells of ends (it is made of ANNOUNCE): its reply is then [its own reply, deferred events]."""
+        return "local function announce(" in self.source
+
+    def __call__(
+        self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = (), *, defer: bool = False
+    ) -> Any:
         flat = self._keys(fixed, items)
-        return client.eval(self.body, len(flat), *flat, *args)
+        return client.eval(self.body, len(flat), *flat, *self._args(args, defer))
 
     async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
         """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
         flat = self._keys(fixed, items)
+        args = self._args(args, False)
         try:
             return await client.evalsha(self.sha, len(flat), *flat, *args)
         except NoScriptError:  # a restarted or flushed server: EVAL caches it again
             return await client.eval(self.body, len(flat), *flat, *args)
+
+    def _args(self, args: Sequence[Any], defer: bool) -> Sequence[Any]:
+        """An emitting script's ARGV ends with whether its events wait for the caller (its prelude takes it off)."""
+        if not self.emits:
+            if defer:
+                raise TypeError(f"script {self.name} tells of no end: nothing to defer")
+            return args
+        return [*args, "1" if defer else "0"]
 
     def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
         if len(fixed) != len(self.keys):
@@ -205,9 +231,18 @@ class Script:
     @cached_property
     def body(self) -> str:
         stride = len(self.per_item)
-        return f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n{self.source}"
+        head = f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n"
+        if not self.emits:
+            return head + self.source
+        return f"{head}{_EMITTING}{self.source}\nend\nreturn {{main(), OUTBOX}}\n"
 
     @cached_property
     def sha(self) -> str:
         """What EVALSHA names the script by: the SHA-1 of its body, as Redis computes it."""
         return hashlib.sha1(self.body.encode(), usedforsecurity=False).hexdigest()
+
+
+def told(reply: Any) -> tuple[Any, list[bytes]]:
+    """An emitting script's reply split: (its own reply, the events it deferred for its caller to publish)."""
+    own, outbox = reply
+    return own, list(outbox)

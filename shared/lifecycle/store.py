@@ -24,11 +24,11 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Retry
 from rq.utils import current_timestamp, now, str_to_date, utcformat
 
-from shared import keys, metrics
+from shared import durability, keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
 from shared.lifecycle import layout, scripts
 from shared.lifecycle.layout import QueueKeys
-from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL
+from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
 from shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
@@ -217,14 +217,18 @@ def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None
         job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
         job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
         job_keys += metrics_keys(keys.model_from_queue(qk.name))[:2]
-        reply = scripts.CANCEL(
-            connection,
-            job_keys,
-            args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
-            + [keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)],
+        reply, events = told(
+            scripts.CANCEL(
+                connection,
+                job_keys,
+                args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
+                + [keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)],
+                defer=durability.defers(settings),
+            )
         )
         verdict = _text(reply[0])
         if verdict == "ok":
+            durability.release(connection, settings, events)  # a cancel's 200 only once a replica has it
             return
         if verdict == "missing":
             raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
@@ -249,15 +253,19 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
         + [keys.waiting_items_key(_text(origin or b""))]
         for i, origin in zip(job_ids, origins, strict=True)
     ]
-    told = scripts.ANNOUNCE_FAILED(
-        connection,
-        [hk.queue, layout.QUEUES_SET],
-        per_job,
-        [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *metrics_args()]
-        + [*_template(settings)]
-        + list(job_ids),
+    failed, events = told(
+        scripts.ANNOUNCE_FAILED(
+            connection,
+            [hk.queue, layout.QUEUES_SET],
+            per_job,
+            [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *metrics_args()]
+            + [*_template(settings)]
+            + list(job_ids),
+            defer=durability.defers(settings),
+        )
     )
-    return [_text(i) for i in told]
+    durability.release(connection, settings, events)
+    return [_text(i) for i in failed]
 
 
 # -- the worker's side --------------------------------------------------------------------------
@@ -360,6 +368,7 @@ class Started:
     dropped: list[str] = field(default_factory=list)  # canceled, or no longer queued
     vanished: list[str] = field(default_factory=list)  # the job hash is gone
     expired: list[str] = field(default_factory=list)  # gone after its queue deadline: announced
+    events: list[bytes] = field(default_factory=list)  # the expiries' events, when they wait for a confirmation
 
 
 @dataclass(frozen=True)
@@ -406,7 +415,7 @@ def start(
         args += [job_id, execution_id]
     position = len(pipe)
     fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *metrics_keys(model)]
-    scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args)
+    scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args, defer=durability.defers(settings))
     return StartCall(position, started_at, execution_ids)
 
 
@@ -415,8 +424,9 @@ _START_FIELDS = ("status", "enqueued_at", "timeout", "result_ttl", "failure_ttl"
 
 def started(call: StartCall, replies: list[Any]) -> Started:
     """The jobs a start queued with ``start`` began, and what became of the others."""
-    out = Started()
-    for row, execution_id in zip(replies[call.position], call.execution_ids, strict=True):
+    rows, events = told(replies[call.position])
+    out = Started(events=events)
+    for row, execution_id in zip(rows, call.execution_ids, strict=True):
         job_id, state = _text(row[0]), _text(row[1])
         if state != "started":
             {"dropped": out.dropped, "vanished": out.vanished, "expired": out.expired}[state].append(job_id)

@@ -29,9 +29,10 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.utils import now, utcformat
 
-from shared import keys
+from shared import durability, keys
 from shared.errors import PayloadTooLarge
 from shared.lifecycle import bulk_scripts, layout, store
+from shared.lifecycle.lua import told
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,10 @@ class BatchWriter:
             keys.EVENTS_CHANNEL,
             *layout.delivery_template(self.settings.webhook_ttl_s, self.settings.webhook_timeout_s),
         ]
-        bulk_scripts.PUBLISH_BATCH(self.connection, fixed, args=args)
+        _, events = told(
+            bulk_scripts.PUBLISH_BATCH(self.connection, fixed, args=args, defer=durability.defers(self.settings))
+        )
+        durability.release(self.connection, self.settings, events)
         return "ok", ""
 
     def discard_quietly(self) -> None:

@@ -1,0 +1,75 @@
+"""How a worker waits out Redis: nothing Redis does short of losing its data ends the process.
+
+Down, slow, paused, full (noeviction at maxmemory), busy (a script past its time limit), loading, or a primary
+demoted to a read-only replica (``shared.connections.is_unavailable``): housekeeping is skipped, a claim or a
+start is tried again after a pause that grows to ``MAX_PAUSE_S``, results already computed are kept until they
+can be stored. RQ's own loop quits on any exception that reaches it, so none of these may.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+
+from shared.connections import is_unavailable, why_unavailable
+
+log = logging.getLogger("workers.outage")
+T = TypeVar("T")
+FIRST_PAUSE_S = 0.25
+MAX_PAUSE_S = 5.0
+
+
+class Outage:
+    """One process's view of Redis's availability: a capped backoff, and one log line per change, not per try."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.pause_s = FIRST_PAUSE_S
+        self.since: float | None = None
+        self.reason = ""
+
+    def saw(self, exc: BaseException, doing: str) -> float:
+        """Note an unavailable Redis while ``doing``; the pause to take before trying again."""
+        reason = why_unavailable(exc)
+        if self.since is None or reason != self.reason:
+            log.warning("%s: %s while %s; waiting for it (%s)", self.who, reason, doing, type(exc).__name__)
+            self.since = self.since or time.monotonic()
+            self.reason = reason
+        pause_s = self.pause_s
+        self.pause_s = min(self.pause_s * 2, MAX_PAUSE_S)
+        return pause_s
+
+    def ok(self) -> None:
+        """Redis answered: say so once, and start the backoff again from the beginning."""
+        if self.since is not None:
+            log.warning("%s: Redis is back after %.1f s", self.who, time.monotonic() - self.since)
+        self.since, self.reason, self.pause_s = None, "", FIRST_PAUSE_S
+
+    def skip(self, call: Callable[[], T], doing: str) -> T | None:
+        """Run a housekeeping call; while Redis is unavailable, skip it (after a short pause) rather than quit."""
+        try:
+            result = call()
+        except redis.exceptions.RedisError as exc:
+            if not is_unavailable(exc):
+                raise
+            time.sleep(min(self.saw(exc, doing), 1.0))
+            return None
+        self.ok()
+        return result
+
+    def wait(self, call: Callable[[], T], doing: str) -> T:
+        """Run ``call`` until it succeeds, pausing while Redis is unavailable; other errors propagate."""
+        while True:
+            try:
+                result = call()
+            except redis.exceptions.RedisError as exc:
+                if not is_unavailable(exc):
+                    raise
+                time.sleep(self.saw(exc, doing))
+                continue
+            self.ok()
+            return result
