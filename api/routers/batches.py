@@ -136,9 +136,7 @@ async def _replayed(request: Request, state: State, owner: str | None, held: str
     view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
     # A retry that overtook its first upload's last steps (its chunks being queued) waits for them, a while.
     waited_s = 0.0
-    while (
-        view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, connection, batch_id)
-    ):
+    while view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, connection, batch_id):
         await anyio.sleep(0.05)
         waited_s += 0.05
         view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
