@@ -29,12 +29,18 @@ class EventHub:
         # job id -> each waiting queue, and whether it wants only the end (not "started" and the like).
         self._waiters: dict[str, dict[asyncio.Queue[dict[str, Any]], bool]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.connected = asyncio.Event()
 
     async def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._listen(), name="inferq-events")
 
     async def stop(self) -> None:
+        """End the subscription. The listener also checks ``_stopping`` after each read: a cancel that lands as a
+        read's own timeout expires is swallowed by Python 3.11's asyncio.timeout (redis-py then answers the read
+        with "no message"), and an app's shutdown waited on the listener for ever."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -61,7 +67,7 @@ class EventHub:
 
     async def _listen(self) -> None:
         backoff_s = 0.1
-        while True:
+        while not self._stopping:
             client = connections.async_client(self.redis_url, self.timeout_s)
             try:
                 async with client.pubsub() as pubsub:
@@ -74,6 +80,8 @@ class EventHub:
             except Exception as exc:
                 # Waiters re-read the job on their own timer, so a missed event only delays them.
                 self.connected.clear()
+                if self._stopping:
+                    return
                 log.warning("event subscriber lost Redis (%s); reconnecting", type(exc).__name__)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
@@ -84,7 +92,7 @@ class EventHub:
         """Dispatch events until the subscription fails or stops answering its PING."""
         loop = asyncio.get_running_loop()
         heard_at, pinged_at = loop.time(), None
-        while True:
+        while not self._stopping:
             message = await pubsub.get_message(timeout=min(1.0, PING_EVERY_S))
             now = loop.time()
             if message is not None:
