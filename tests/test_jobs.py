@@ -14,6 +14,7 @@ from rq.serializers import DefaultSerializer
 from shared import keys
 from shared.errors import ConfigError, Conflict, NotFound
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from shared.lifecycle import store
 from shared.rqjson import JSONJob, PickleRefused, check_rq_version, fetch_job, refuse_pickle
 from shared.settings import Settings
 from tests.counting import CountingConnection, counting_client
@@ -93,17 +94,24 @@ def test_pickle_in_redis_is_never_loaded(redis: redis_py.Redis, settings: Settin
     assert not os.path.exists("/tmp/inferq-pwned")
 
 
-def test_the_canceled_registry_expires_with_the_jobs_it_names(redis: redis_py.Redis, settings: Settings) -> None:
+def test_the_canceled_registry_expires_with_the_jobs_it_names(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """200 cancels used to leave 200 members in a key without a TTL, long after every job expired."""
-    short = settings.model_copy(update={"canceled_ttl_s": 1})
+    short = settings.model_copy(update={"canceled_ttl_s": 2})
     queues = QueueCache(redis)
     first = [enqueue_job(queues, short, Submission("m", b"x", "image/png")).id for _ in range(20)]
+    # The 20 cancels at one moment of the registry's clock: on a loaded machine they took over the 1 s TTL, and
+    # a later cancel trimmed the earlier ones from the registry (as it should) before the count was read.
+    at = store.current_timestamp()
+    monkeypatch.setattr(store, "current_timestamp", lambda: at)
     for job_id in first:
         cancel_job(queues, short, job_id)
+    monkeypatch.undo()
     registry = "rq:canceled:inferq.m"
     assert redis.zcard(registry) == 20
-    assert 0 < redis.ttl(registry) <= 1
-    time.sleep(2.1)  # the canceled jobs' own TTL passes
+    assert 0 < redis.ttl(registry) <= 2
+    time.sleep(4.1)  # the canceled jobs' own TTL passes
     assert redis.exists(registry) == 0
     assert [redis.exists(JSONJob.key_for(job_id)) for job_id in first] == [0] * 20
     later = enqueue_job(queues, settings, Submission("m", b"x", "image/png")).id
