@@ -164,7 +164,7 @@ def _json_submission(config: ModelConfig, kind: InputKind[Any], body: bytes, set
         payload.content_type,
         webhook=fields["webhook"],
         result_ttl_s=fields["result_ttl"],
-        deadline_s=fields["ttl"],
+        queue_ttl_s=fields["ttl"],
         lane=fields["priority"] or keys.INTERACTIVE,
     )
 
@@ -195,7 +195,7 @@ async def _multipart_submission(
             payload.content_type,
             webhook=fields["webhook"],
             result_ttl_s=fields["result_ttl"],
-            deadline_s=fields["ttl"],
+            queue_ttl_s=fields["ttl"],
             lane=fields["priority"] or keys.INTERACTIVE,
         )
     finally:

@@ -23,54 +23,6 @@ from shared.inputs import Input, input_kind
 from shared.models import ModelConfig
 from shared.settings import Settings
 
-Status = Literal["queued", "started", "finished", "failed", "canceled", "expired"]
-
-
-class JobUrls(BaseModel):
-    self: str
-    events: str
-    cancel: str
-
-
-class JobAccepted(BaseModel):
-    id: str
-    status: Status
-    model: str
-    created_at: str | None
-    enqueued_at: str | None
-    urls: JobUrls
-
-
-class WebhookAttempt(BaseModel):
-    attempt: int
-    at: str | None = None
-    status_code: int | None = None
-    error: str | None = None
-    outcome: str | None = None
-    next_attempt_in_s: float | None = None
-
-
-class WebhookPublic(BaseModel):
-    url: str
-    attempts: list[WebhookAttempt]
-
-
-class JobPublic(BaseModel):
-    id: str
-    model: str
-    status: Status
-    created_at: str | None
-    enqueued_at: str | None = None
-    started_at: str | None
-    ended_at: str | None
-    batch_size: int | None
-    worker: str | None
-    timings_ms: dict[str, float] | None = None
-    result: Any = None
-    error: str | None
-    expires_at: str | None
-    webhook: WebhookPublic | None = None
-
 
 class ModelPublic(BaseModel):
     name: str

@@ -100,7 +100,7 @@ class Submission:
     # Times the job is run again if the worker running it dies; None: the settings' default.
     retries: int | None = None
     # Seconds the job may wait in its queue; past that it never runs and reads as expired.
-    deadline_s: int | None = None
+    queue_ttl_s: int | None = None
     max_queue_length: int | None = None
     idempotency_key: str | None = None
     # Who submitted it (a hash of the API key), so only they can see or cancel it.
@@ -113,7 +113,7 @@ class Submission:
         """What an Idempotency-Key's request must match: the input and every option the client chose."""
         # The options too: else a retry with another webhook got the old job and its webhook was
         # silently dropped. Retries, queue limit and owner come from the server, not the body.
-        options: list[Any] = [self.model, self.content_type, self.webhook, self.result_ttl_s, self.deadline_s]
+        options: list[Any] = [self.model, self.content_type, self.webhook, self.result_ttl_s, self.queue_ttl_s]
         if self.lane != keys.INTERACTIVE:  # so keys stored before lanes existed still match
             options.append(self.lane)
         # JSON escapes control characters: the NUL after it separates the two unambiguously.
@@ -129,13 +129,12 @@ def _new_job(
     """
     job_id = job_id or new_job_id()
     result_ttl_s = submission.result_ttl_s or settings.result_ttl_s
-    queue_ttl_s = submission.deadline_s or settings.queue_ttl_s
+    queue_ttl_s = submission.queue_ttl_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
     live_s = queue_ttl_s + settings.job_timeout_s + 60
     info: dict[str, Any] = {
         "model": submission.model,
         "content_type": submission.content_type,
-        "result_ttl_s": result_ttl_s,
         "deadline": f"{time.time() + queue_ttl_s:.3f}",
     }
     if submission.webhook:

@@ -68,6 +68,7 @@ def test_webhook_is_signed_retried_after_a_500_and_recorded(
     wait_until(recorded, 10, "both attempts on the job view")
     attempts = view(stack, job_id)["webhook"]["attempts"]
     assert [a["status_code"] for a in attempts] == [500, 204]
+    assert [a["response_bytes"] for a in attempts] == [0, 0]  # the receiver answers with no body
     assert view(stack, job_id)["webhook"]["url"] == receiver.url
 
 

@@ -14,6 +14,7 @@ import redis as redis_py
 from api.app import create_app
 from shared import keys
 from shared.jobs import Submission
+from shared.rqjson import JSONJob
 from shared.settings import Settings
 
 QUEUE = f"rq:queue:{keys.queue_name('pair')}"
@@ -77,18 +78,19 @@ def test_the_same_key_with_another_input_or_option_is_refused(
     assert redis.keys(keys.payload_key("*")) == [keys.payload_key(job_id).encode()]
     # The first job keeps what it was submitted with: nothing of the second request leaked into it.
     assert redis.hget(keys.info_key(job_id), "webhook") == HOOK.encode()
-    assert redis.hget(keys.info_key(job_id), "result_ttl_s") == b"60"
+    # The result TTL the worker applies is RQ's own field (the info hash's copy was never read and is gone).
+    assert redis.hget(JSONJob.key_for(job_id), "result_ttl") == b"60"
 
 
 def test_the_fingerprint_covers_every_option_the_client_chose() -> None:
-    base = Submission("pair", b'{"inputs": [1, 2]}', "application/json", webhook=HOOK, result_ttl_s=60, deadline_s=30)
+    base = Submission("pair", b'{"inputs": [1, 2]}', "application/json", webhook=HOOK, result_ttl_s=60, queue_ttl_s=30)
     variants = [
-        Submission("other", base.payload, base.content_type, webhook=HOOK, result_ttl_s=60, deadline_s=30),
-        Submission("pair", b'{"inputs": [1, 3]}', base.content_type, webhook=HOOK, result_ttl_s=60, deadline_s=30),
-        Submission("pair", base.payload, "text/plain; charset=utf-8", webhook=HOOK, result_ttl_s=60, deadline_s=30),
-        Submission("pair", base.payload, base.content_type, webhook=None, result_ttl_s=60, deadline_s=30),
-        Submission("pair", base.payload, base.content_type, webhook=HOOK, result_ttl_s=None, deadline_s=30),
-        Submission("pair", base.payload, base.content_type, webhook=HOOK, result_ttl_s=60, deadline_s=None),
+        Submission("other", base.payload, base.content_type, webhook=HOOK, result_ttl_s=60, queue_ttl_s=30),
+        Submission("pair", b'{"inputs": [1, 3]}', base.content_type, webhook=HOOK, result_ttl_s=60, queue_ttl_s=30),
+        Submission("pair", base.payload, "text/plain; charset=utf-8", webhook=HOOK, result_ttl_s=60, queue_ttl_s=30),
+        Submission("pair", base.payload, base.content_type, webhook=None, result_ttl_s=60, queue_ttl_s=30),
+        Submission("pair", base.payload, base.content_type, webhook=HOOK, result_ttl_s=None, queue_ttl_s=30),
+        Submission("pair", base.payload, base.content_type, webhook=HOOK, result_ttl_s=60, queue_ttl_s=None),
     ]
     assert len({base.fingerprint, *(v.fingerprint for v in variants)}) == 1 + len(variants)
     # What the API adds from the model's config or the caller's key is no part of the body.

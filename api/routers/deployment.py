@@ -15,10 +15,11 @@ from fastapi.responses import JSONResponse
 from api.auth import Owner, require_key
 from api.deps import State, state_of
 from api.routers import jobs
-from api.schemas import ERRORS, JobAccepted, JobPublic, request_body
+from api.schemas import ERRORS, request_body
 from shared.inputs import input_kind
 from shared.models import ModelConfig
 from shared.settings import Settings
+from shared.view import JobAccepted, JobView
 
 Submit = Callable[..., Awaitable[JSONResponse]]
 
@@ -34,7 +35,7 @@ def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter
             methods=["POST"],
             status_code=202,
             response_model=JobAccepted,
-            responses={200: {"model": JobPublic, "description": "finished within Prefer: wait"}, **ERRORS},
+            responses={200: {"model": JobView, "description": "finished within Prefer: wait"}, **ERRORS},
             openapi_extra={"requestBody": request_body(config, settings)},
             name=f"submit_job_{name}",
             summary=f"Submit a job to {name}",
@@ -62,7 +63,7 @@ def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter
         "/v1/jobs/{job_id}",
         get_job,
         methods=["GET"],
-        response_model=JobPublic,
+        response_model=JobView,
         responses=ERRORS,
         summary="Get Job",
         description=jobs.get_job.__doc__,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from api.auth import Owner
 from api.deps import AppState, Model, Shard, State
 from api.inputs import parse_submission, prefer_wait, read_body
-from api.schemas import ERRORS, JobPublic
+from api.schemas import ERRORS
 from shared import shards
 from shared.jobs import (
     TERMINAL,
@@ -30,6 +30,7 @@ from shared.jobs import (
 )
 from shared.lifecycle.store import Enqueued
 from shared.urls import check_webhook_target_async
+from shared.view import JobView
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
@@ -169,7 +170,7 @@ async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dic
     return await _view(state, job_id, owner)
 
 
-@router.post("/v1/jobs/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)
 async def cancel(job_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel a queued or running job; a job that already ended answers 409."""
     await run_in_threadpool(cancel_job, state.for_id(job_id).queues, state.settings, job_id, owner)
