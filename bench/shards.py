@@ -28,7 +28,7 @@ from rq.suspension import resume, suspend
 from bench.models import build_models
 from bench.procs import Processes
 from shared.jobs import QueueCache, Submission, enqueue_job
-from shared.lifecycle import store
+from shared.lifecycle import rqhash
 from shared.redis_server import RedisServer
 from shared.settings import Settings
 
@@ -65,8 +65,8 @@ def _span(url: str) -> tuple[float, float, int]:
             pipe.hmget(f"rq:job:{job_id}", ["started_at", "ended_at", "status"])
         rows = pipe.execute()
     connection.close()
-    starts = [store.parse_stamp(r[0]) for r in rows if r[2] == b"finished"]
-    ends = [store.parse_stamp(r[1]) for r in rows if r[2] == b"finished"]
+    starts = [rqhash.parse_stamp(r[0]) for r in rows if r[2] == b"finished"]
+    ends = [rqhash.parse_stamp(r[1]) for r in rows if r[2] == b"finished"]
     first = min(s.timestamp() for s in starts if s is not None)
     last = max(e.timestamp() for e in ends if e is not None)
     return first, last, len(ends)

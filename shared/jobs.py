@@ -7,7 +7,6 @@ import json
 import secrets
 import time
 import zlib
-from base64 import b64decode
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,11 +16,10 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
-from rq.results import Result
 
 from shared import keys
 from shared.errors import NotFound
-from shared.lifecycle import layout, store
+from shared.lifecycle import layout, rqhash, store
 from shared.rqjson import JSONQueue
 from shared.settings import Settings
 
@@ -247,7 +245,7 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
             return _with_webhook(_expired_view(job_id, info), info, attempts)
         raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
     try:
-        job = _JobFields(raw_job)
+        job = rqhash.JobFields(raw_job)
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise NotFound(f"job {job_id!r} cannot be read ({type(exc).__name__}); it may have expired") from None
     status = public_status(job.status)
@@ -271,7 +269,7 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
     elif results and status in ("finished", "failed"):
         _, payload = results[0]
         try:
-            succeeded, value = _result_of(payload)
+            succeeded, value = rqhash.result_of(payload)
         except (ValueError, TypeError, KeyError, zlib.error):
             # Not written by inferq (a pickle, say): never loaded, reported as unreadable.
             view["error"] = "the stored result is not readable JSON"
@@ -281,42 +279,6 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
             else:
                 view["error"] = info.get("error") or _failure_reason(value)
     return _with_webhook(view, info, attempts)
-
-
-class _JobFields:
-    """The fields of an RQ job hash a view shows, parsed as RQ's ``Job.restore`` parses them.
-
-    RQ's restore parses every field, each timestamp with ``strptime``: two thirds of a view's cost, and a
-    waiting client's view is most of what its request costs the API. RQ writes its timestamps as
-    ``utcformat`` does (``%Y-%m-%dT%H:%M:%S.%fZ``, or without the fraction in old jobs), which
-    ``datetime.fromisoformat`` reads as the same instant.
-    """
-
-    __slots__ = ("status", "origin", "worker_name", "created_at", "enqueued_at", "started_at", "ended_at")
-
-    def __init__(self, raw: dict[bytes, bytes]) -> None:
-        raw[b"data"]  # noqa: B018 - as RQ's restore: a hash without its data is not a job
-        status = (raw.get(b"status") or b"created").decode()  # as RQ: an empty status is CREATED
-        if status not in _STATUS_MAP:
-            raise ValueError(f"unknown job status {status!r}")
-        self.status = status
-        self.origin = raw[b"origin"].decode()
-        self.worker_name = raw[b"worker_name"].decode() if raw.get(b"worker_name") else None
-        self.created_at = store.parse_stamp(raw.get(b"created_at")) or utcnow()
-        self.enqueued_at = store.parse_stamp(raw.get(b"enqueued_at"))
-        self.started_at = store.parse_stamp(raw.get(b"started_at"))
-        self.ended_at = store.parse_stamp(raw.get(b"ended_at"))
-
-
-def _result_of(payload: dict[bytes, bytes]) -> tuple[bool, Any]:
-    """(succeeded, its return value or else its exception text) of a result stream entry, as RQ's
-    ``Result.restore`` with the JSON serializer reads them (what else it parses, a view never shows)."""
-    kind = Result.Type(int(payload[b"type"]))
-    if kind == Result.Type.SUCCESSFUL:
-        raw = payload.get(b"return_value")
-        return True, None if raw is None else json.loads(b64decode(raw))
-    raw = payload.get(b"exc_string")
-    return False, zlib.decompress(b64decode(raw)).decode() if raw else None
 
 
 def ended_view(

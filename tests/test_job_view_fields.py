@@ -11,7 +11,8 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from shared.errors import NotFound
-from shared.jobs import _JobFields, _result_of, _view_of, isoformat
+from shared.jobs import _view_of, isoformat
+from shared.lifecycle.rqhash import JobFields, result_of
 from shared.rqjson import JSONJob
 
 OFFLINE = Redis()  # RQ's objects want a connection; none of this sends a command
@@ -59,7 +60,7 @@ def test_the_fields_a_view_shows_are_what_rqs_restore_reads(status: JobStatus, s
     raw = _raw(_job(status, stamp, "w1"))
     restored = JSONJob("x", connection=OFFLINE)
     restored.restore(raw)
-    mine = _JobFields(raw)
+    mine = JobFields(raw)
     assert mine.status == restored.get_status(refresh=False)
     assert (mine.origin, mine.worker_name) == (restored.origin, restored.worker_name)
     for name in ("created_at", "enqueued_at", "started_at", "ended_at"):
@@ -72,7 +73,7 @@ def test_timestamps_rq_wrote_without_a_fraction_still_read() -> None:
     raw[b"ended_at"] = b"2026-11-23T10:00:05Z"  # RQ's older format, which its restore still accepts
     restored = JSONJob("x", connection=OFFLINE)
     restored.restore(raw)
-    assert _JobFields(raw).ended_at == restored.ended_at == datetime(2026, 11, 23, 10, 0, 5, tzinfo=UTC)
+    assert JobFields(raw).ended_at == restored.ended_at == datetime(2026, 11, 23, 10, 0, 5, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +104,7 @@ def test_a_result_reads_as_rqs_result_restore_reads_it(kind: Result.Type, value:
     result = Result("x", kind, OFFLINE, return_value=value, exc_string=exc, serializer=JSONSerializer)
     payload = {k.encode(): _encoded(v) for k, v in result.serialize().items()}
     restored = Result.restore("x", "1700000000000-0", payload, OFFLINE, serializer=JSONSerializer)
-    succeeded, got = _result_of(payload)
+    succeeded, got = result_of(payload)
     assert succeeded == (restored.type == Result.Type.SUCCESSFUL)
     assert got == (restored.return_value if succeeded else restored.exc_string)
 
@@ -124,4 +125,4 @@ def test_an_empty_status_reads_as_rqs_restore_reads_it() -> None:
     raw[b"status"] = b""
     restored = JSONJob("x", connection=OFFLINE)
     restored.restore(raw)
-    assert _JobFields(raw).status == restored.get_status(refresh=False) == JobStatus.CREATED
+    assert JobFields(raw).status == restored.get_status(refresh=False) == JobStatus.CREATED

@@ -134,6 +134,22 @@ def test_nothing_imports_pickle() -> None:
     assert _violations(_modules(ALL_PACKAGES), PICKLE_FAMILY) == []
 
 
+# RQ's stored results are written and read in shared/lifecycle/ alone (read: rqhash.py, with RQ's job hash);
+# anything else reads a job through shared.jobs, so a change of RQ's layout lands there. shared/rqjson.py
+# only swaps RQ's serializer for JSON.
+
+
+def test_only_the_lifecycle_knows_how_rq_stores_results() -> None:
+    found = [
+        f"{m.rel}:{imp.lineno}: imports {imp.module}"
+        for m in _modules(ALL_PACKAGES)
+        if not m.name.startswith("shared.lifecycle") and m.name != "shared.rqjson"
+        for imp in _imports(m)
+        if imp.module == "rq.results" or imp.module.startswith("rq.results.")
+    ]
+    assert found == []
+
+
 def _env_reads(module: Module) -> Iterator[str]:
     tree = _tree(module.path)
     os_names = {"os"}  # names bound to the os module in this file (`import os as _os`)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, cast
 from uuid import uuid4
@@ -22,11 +22,11 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from rq.exceptions import DequeueTimeout
 from rq.job import Retry
-from rq.utils import current_timestamp, now, str_to_date, utcformat
+from rq.utils import current_timestamp, now, utcformat
 
 from shared import durability, keys, metrics
 from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.lifecycle import layout, scripts
+from shared.lifecycle import layout, rqhash, scripts
 from shared.lifecycle.layout import QueueKeys
 from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
 from shared.settings import Settings
@@ -175,7 +175,7 @@ _ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at"]
 def _enqueued(job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None) -> Enqueued:
     if status is None:
         raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
-    return Enqueued(job_id, status.decode(), parse_stamp(created), parse_stamp(enqueued))
+    return Enqueued(job_id, status.decode(), rqhash.parse_stamp(created), rqhash.parse_stamp(enqueued))
 
 
 def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
@@ -439,7 +439,7 @@ def started(call: StartCall, replies: list[Any]) -> Started:
                 id=job_id,
                 execution_id=execution_id,
                 started_at=call.started_at,
-                enqueued_at=parse_stamp(raw.get("enqueued_at")),
+                enqueued_at=rqhash.parse_stamp(raw.get("enqueued_at")),
                 timeout=_int(raw.get("timeout")),
                 result_ttl=_int(raw.get("result_ttl")),
                 failure_ttl=_int(raw.get("failure_ttl")),
@@ -519,15 +519,3 @@ def rescue_stuck(connection: Redis, queue: Any) -> list[str]:
 
 def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
-
-
-def parse_stamp(value: bytes | None) -> datetime | None:
-    """An RQ timestamp (naive UTC, ``Z``-suffixed, with or without a fraction) as an aware datetime; None when
-    absent or empty. Read without strptime, as RQ's restore reads it, which cost more than a no-op model."""
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.decode())
-    except ValueError:
-        return str_to_date(value)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
