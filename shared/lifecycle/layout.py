@@ -105,6 +105,20 @@ def delivery_options(ttl_s: int, timeout_s: float) -> dict[str, Any]:
     }
 
 
+def queued_job_fields(queue_name: str, func: str, *, drop: tuple[str, ...] = (), **options: Any) -> dict[str, Any]:
+    """RQ's job hash for a job of ``func`` with RQ's ``options``, as RQ's own enqueue writes it, less its
+    timestamps (and ``drop``): the one template every script that creates jobs copies (the scripts add the
+    key and the timestamps), so every field RQ reads (``rq info``, ``Job.fetch``, rq-dashboard) is RQ's own."""
+    queue = offline_queue(queue_name)
+    job = queue.create_job(func, job_id="template", **options)
+    job.origin = queue.name
+    fields = job.to_dict()
+    fields["status"] = "queued"
+    for name in ("created_at", "enqueued_at", *drop):
+        fields.pop(name, None)
+    return fields
+
+
 @lru_cache(maxsize=8)
 def delivery_template(ttl_s: int, timeout_s: float) -> tuple[Any, ...]:
     """The hash of a first delivery job, as RQ's enqueue writes it, for the scripts to copy.
@@ -113,12 +127,8 @@ def delivery_template(ttl_s: int, timeout_s: float) -> tuple[Any, ...]:
     timestamps and the description. The job's call carries no arguments: ``deliver`` reads its
     job from the delivery's id.
     """
-    queue = offline_queue(keys.WEBHOOK_QUEUE)
-    job = queue.create_job(DELIVER_FUNC, job_id=f"{DELIVERY_PREFIX}template", **delivery_options(ttl_s, timeout_s))
-    job.origin = queue.name
-    fields = job.to_dict()
-    fields["status"] = "queued"
-    for name in ("created_at", "enqueued_at", "description"):
-        fields.pop(name, None)
+    fields = queued_job_fields(
+        keys.WEBHOOK_QUEUE, DELIVER_FUNC, drop=("description",), **delivery_options(ttl_s, timeout_s)
+    )
     flat = [value for pair in fields.items() for value in pair]
     return (ttl_s, DELIVERY_PREFIX, len(fields), *flat)

@@ -109,11 +109,10 @@ def job_template(
     Every field RQ reads stays what RQ itself writes (``rq info``, ``Job.fetch``, rq-dashboard); what
     differs between two jobs of the same options is only the job's key and its timestamps.
     """
-    queue = layout.offline_queue(queue_name)
-    job = queue.create_job(
+    fields = layout.queued_job_fields(
+        queue_name,
         layout.INFER_FUNC,
         kwargs={"model": model},
-        job_id="template",
         ttl=queue_ttl_s,
         result_ttl=result_ttl_s,
         failure_ttl=failure_ttl_s,
@@ -122,11 +121,6 @@ def job_template(
         # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
         retry=Retry(max=retries) if retries else None,
     )
-    job.origin = queue.name
-    fields = job.to_dict()
-    fields["status"] = "queued"
-    for name in ("created_at", "enqueued_at"):
-        fields.pop(name, None)
     return tuple(value for pair in fields.items() for value in pair)
 
 
