@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench docs clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -26,9 +26,13 @@ test: setup
 	INFERQ_REDIS_SERVER=valkey $(BIN)/python -m pytest -m redis_facing
 
 lint: setup
-	$(BIN)/ruff check api shared workers inferq tests
-	$(BIN)/ruff format --check api shared workers inferq tests
+	$(BIN)/ruff check api shared workers inferq tests docs
+	$(BIN)/ruff format --check api shared workers inferq tests docs
 	$(BIN)/mypy
+
+# The docs site into site/ (git-ignored), offline and --strict (mkdocs.yml): open site/index.html.
+docs: setup
+	$(BIN)/mkdocs build
 
 # The benchmark: JSON, markdown and PNG under bench/results/, table printed at the end.
 bench: setup
@@ -36,4 +40,4 @@ bench: setup
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .inferq
+	rm -rf $(VENV) .inferq site
