@@ -26,13 +26,14 @@ test: setup
 	INFERQ_REDIS_SERVER=valkey $(BIN)/python -m pytest -m redis_facing
 
 lint: setup
-	$(BIN)/ruff check api shared workers inferq tests docs
-	$(BIN)/ruff format --check api shared workers inferq tests docs
+	$(BIN)/ruff check api shared workers inferq tests docs/hooks.py
+	$(BIN)/ruff format --check api shared workers inferq tests docs/hooks.py
 	$(BIN)/mypy
 
 # The docs site into site/ (git-ignored), offline and --strict (mkdocs.yml): open site/index.html.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
 docs: setup
-	$(BIN)/mkdocs build
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
 # The benchmark: JSON, markdown and PNG under bench/results/, table printed at the end.
 bench: setup

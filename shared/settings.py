@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     redis_shards: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="more Redis deployments, for the models placed on them: `name=url` pairs, comma-separated, each"
-        " URL possibly a Sentinel group's; a model's `config.json` `\"redis\": \"name\"` places it there"
+        ' URL possibly a Sentinel group\'s; a model\'s `config.json` `"redis": "name"` places it there'
         " ([Redis](redis.md#past-one-redis))",
     )
     redis_server: str | None = Field(
@@ -124,7 +124,7 @@ class Settings(BaseSettings):
     max_queue_length: int = Field(
         default=10000,
         ge=1,
-        description="past this many waiting jobs a model's submits answer `429` (per model: `\"max_queue_length\"`)",
+        description='past this many waiting jobs a model\'s submits answer `429` (per model: `"max_queue_length"`)',
     )
     idempotency_ttl_s: int = Field(default=86400, ge=1, description="how long an `Idempotency-Key` is remembered")
     api_keys: Annotated[list[str], NoDecode] = Field(
@@ -202,7 +202,7 @@ class Settings(BaseSettings):
         default=2,
         ge=0,
         le=10,
-        description="how often a job is re-run when the worker running it dies (per model: `\"retries\"` in"
+        description='how often a job is re-run when the worker running it dies (per model: `"retries"` in'
         " `config.json`)",
     )
     batch_window_s: int = Field(
