@@ -22,7 +22,8 @@ from pydantic import Field
 import shared.settings
 from shared.settings import PREFIX, Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+# The repository: the folder above that holds mkdocs.yml (this file may sit in a lane's folder of tests/).
+ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "mkdocs.yml").is_file())
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 # Where INFERQ_* variables are read or set, outside the tests: each must be documented on the configuration page.
 READERS = ("api", "shared", "workers", "inferq", "bench", "samples", "models", "deploy")
