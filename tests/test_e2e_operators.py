@@ -133,7 +133,7 @@ def test_rq_dashboard_reads_busy_workers(ops: Stack, tmp_path: Path) -> None:
 
 
 def test_the_sample_webhook_receiver_verifies_a_real_delivery(ops: Stack, tmp_path: Path) -> None:
-    """The README's local-webhook walk-through: samples/webhook_receiver.py with the sender's secret."""
+    """docs/webhooks.md's local-webhook walk-through: samples/webhook_receiver.py with the sender's secret."""
     port = free_port()
     with (tmp_path / "receiver.log").open("wb") as log:
         receiver = subprocess.Popen(

@@ -18,7 +18,8 @@ from shared.redis_server import free_port
 from shared.settings import Settings
 from tests.stack import ROOT, Stack, new_stack, serving, wait_until
 
-README = ROOT / "README.md"
+# The configuration reference, generated from the settings' descriptions (docs/hooks.py).
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 pytestmark = pytest.mark.e2e
 A = {"Authorization": "Bearer key-a"}
@@ -46,7 +47,8 @@ def submit(stack: Stack, values: list[float], headers: dict[str, str] = A, **ext
 
 
 # What stays open with keys set: health and the protocol's server metadata, the docs, /metrics (counts only) and
-# the status page's own files (no data). The README's INFERQ_API_KEYS row and the start-up line say the same.
+# the status page's own files (no data). The INFERQ_API_KEYS row of docs/configuration.md and the start-up line
+# say the same.
 OPEN = {
     ("GET", path)
     for path in (
@@ -107,7 +109,7 @@ def test_every_route_needs_a_key_but_health_docs_metrics_and_the_pages_files(sec
             )
     assert httpx.get(f"{secured.base}/v1/models", headers=A).status_code == 200
     assert set(auth.OPEN_PATHS) == {template for _, template in OPEN}
-    keys_row = next(line for line in README.read_text().splitlines() if line.startswith("| `INFERQ_API_KEYS` |"))
+    keys_row = next(line for line in CONFIGURATION.read_text().splitlines() if line.startswith("| `INFERQ_API_KEYS` |"))
     assert [path for path in auth.OPEN_PATHS if f"`{path}`" not in keys_row] == []
 
 

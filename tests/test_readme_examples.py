@@ -1,11 +1,12 @@
-"""The README's examples run as written against a real stack (tests/stack.py).
+"""The examples of the README and of the docs site's pages run as written against a real stack (tests/stack.py).
 
-Every ```bash command and ```python snippet of the README is an example here, in the README's order: its curl
-lines, `inferq` commands, the SDK and Triton snippets, `rq info`, and the model folders that "Serving your own
-model" writes (the stack serves them). Only the API's address, the Redis URL, `.venv/bin/` and the README's
-placeholder ids (`oA1c…`: the id its example answer shows) are changed. An example a test cannot run is
-skipped with its reason; one that is neither run nor given a reason fails, so a new example is run here or
-says why not. Where the README shows an example's answer, every field it names must be in the real answer.
+Every ```bash command and ```python snippet of the README, then of every page of mkdocs.yml's nav in its order,
+is an example here, in each document's order: its curl lines, `inferq` commands, the SDK and Triton snippets,
+`rq info`, and the model folders that docs/serving.md writes (the stack serves them). Only the API's address,
+the Redis URL, `.venv/bin/` and the placeholder ids (`oA1c…`: the id an example answer shows) are changed. An
+example a test cannot run is skipped with its reason; one that is neither run nor given a reason fails, so a
+new example is run here or says why not. Where a document shows an example's answer, every field it names must
+be in the real answer.
 """
 
 from __future__ import annotations
@@ -23,21 +24,31 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.stack import ROOT, Stack, new_stack, serving, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-README = ROOT / "README.md"
+# The site's pages that are repository files outside docs/ (docs/hooks.py's ROOT_PAGES).
+ROOT_PAGES = {"index.md": "README.md", "contributing.md": "CONTRIBUTING.md"}
 BIN = Path(sys.executable).parent
 README_API = "127.0.0.1:8000"
-# Ids the README writes as a few characters and an ellipsis, bound to the id its example answer shows.
+# Ids the documents write as a few characters and an ellipsis, bound to the id its example answer shows.
 PLACEHOLDER = re.compile(r"\b[A-Za-z0-9]{2,8}…")
 # Bash commands that are not run, by how they start, and why.
 NOT_RUN = (
     ("make setup TORCH_INDEX=", "downloads torch from download.pytorch.org: no network in tests"),
     ("make ", "make builds .venv or starts everything; `make test` runs this suite, as .ci/run does"),
     ("docker ", "needs Docker and the images it pulls"),
-    ("export ", "sets the webhook walk-through's variables: tests/test_e2e_operators.py runs that walk-through"),
+    (
+        "export ",
+        "sets variables for the commands after it: the webhook walk-through (tests/test_e2e_operators.py runs it)"
+        " and the shards of docs/redis.md (tests/test_e2e_shards.py)",
+    ),
+    (
+        "INFERQ_REDIS_URL=",
+        "needs a Sentinel group (tests/test_e2e_sentinel.py runs rq info -c inferq.rqconfig against one) or Docker",
+    ),
     (".venv/bin/python samples/webhook_receiver.py", "a receiver that runs until stopped (test_e2e_operators.py)"),
     (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
     (".venv/bin/pip install ", "downloads wheels from download.pytorch.org: no network in tests"),
@@ -47,14 +58,15 @@ NOT_RUN = (
     ("cat > models/sentiment/", "the config beside your own save_pretrained folder"),
 )
 RUN = ("curl ", "printf ", ".venv/bin/inferq ", ".venv/bin/rq info ")
-# The models the stack's worker serves: the demos and the tensor model the README's ONNX snippet writes.
+# The models the stack's worker serves: the demos and the tensor model docs/serving.md's ONNX snippet writes.
 SERVED = ("digits", "langid", "tiny-onnx")
 
 
 @dataclass(frozen=True)
 class Example:
-    """One bash command (its continuation lines joined) or one python snippet of the README."""
+    """One bash command (its continuation lines joined) or one python snippet of a document."""
 
+    source: str  # the document, relative to the repository's root
     line: int
     kind: str
     code: str
@@ -65,7 +77,12 @@ class Example:
     @property
     def id(self) -> str:
         first = self.code.splitlines()[0]
-        return f"line{self.line}-{re.sub(r'[^A-Za-z0-9]+', '-', first)[:40].strip('-')}"
+        document = re.sub(r"[^A-Za-z0-9]+", "-", self.source.removeprefix("docs/").removesuffix(".md"))
+        return f"{document}-line{self.line}-{re.sub(r'[^A-Za-z0-9]+', '-', first)[:40].strip('-')}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} line {self.line}"
 
 
 def blocks(text: str) -> Iterator[tuple[str, int, list[str]]]:
@@ -81,7 +98,7 @@ def blocks(text: str) -> Iterator[tuple[str, int, list[str]]]:
         i += 1
 
 
-def bash_commands(start: int, lines: list[str]) -> Iterator[Example]:
+def bash_commands(source: str, start: int, lines: list[str]) -> Iterator[Example]:
     i = 0
     while i < len(lines):
         if not lines[i].strip() or lines[i].lstrip().startswith("#"):
@@ -106,16 +123,36 @@ def bash_commands(start: int, lines: list[str]) -> Iterator[Example]:
         comment = re.search(r"\s+#\s.*$", last) if not heredoc else None
         if comment:
             parts[-1], note = last[: comment.start()], comment.group().strip()[1:].strip()
-        yield Example(start + first, "bash", "\n".join(parts), tuple(shown), note)
+        yield Example(source, start + first, "bash", "\n".join(parts), tuple(shown), note)
+
+
+def nav_pages(nav: Any) -> Iterator[str]:
+    """The pages of mkdocs.yml's nav, in its order."""
+    if isinstance(nav, str):
+        yield nav
+    elif isinstance(nav, list):
+        for entry in nav:
+            yield from nav_pages(entry)
+    elif isinstance(nav, dict):
+        for entry in nav.values():
+            yield from nav_pages(entry)
+
+
+def documents() -> list[str]:
+    """The README, then every page of the docs site in its nav's order, as paths from the repository's root."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    pages = [ROOT_PAGES.get(page, f"docs/{page}") for page in nav_pages(nav)]
+    return ["README.md", *(page for page in pages if page != "README.md")]
 
 
 def examples() -> list[Example]:
     found = []
-    for language, start, lines in blocks(README.read_text()):
-        if language == "bash":
-            found += bash_commands(start, lines)
-        elif language == "python":
-            found.append(Example(start, "python", "\n".join(lines)))
+    for source in documents():
+        for language, start, lines in blocks((ROOT / source).read_text()):
+            if language == "bash":
+                found += bash_commands(source, start, lines)
+            elif language == "python":
+                found.append(Example(source, start, "python", "\n".join(lines)))
     return found
 
 
@@ -148,25 +185,25 @@ def fields_in(value: Any) -> set[str]:
 
 
 def shown_fields(example: Example) -> set[str]:
-    """The fields the README's answer of an example names."""
+    """The fields a document's answer of an example names."""
     return set(re.findall(r'"(\w+)":', " ".join(line for line in example.shown if line.startswith(("{", '"')))))
 
 
 @dataclass
 class Readme:
-    """The stack the examples run against, and the ids their answers bound to the README's placeholders."""
+    """The stack the examples run against, and the ids their answers bound to the documents' placeholders."""
 
     stack: Stack
     work: Path
     env: dict[str, str]
     bound: dict[str, str] = field(default_factory=dict)
-    model_snippets: dict[int, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+    model_snippets: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
 
     def adapt(self, code: str) -> str:
         host = self.stack.base.removeprefix("http://")
         code = code.replace(f"http://{README_API}", self.stack.base).replace("localhost:8000", host)
         code = code.replace(README_API, host).replace("redis://127.0.0.1:PORT/0", self.stack.redis_url)
-        # The README's .venv is this interpreter's; inferq itself from this checkout (PYTHONPATH), not an install.
+        # The documents' .venv is this interpreter's; inferq itself from this checkout (PYTHONPATH), not an install.
         code = re.sub(r"(?<![\w/.])\.venv/bin/inferq\b", f'"{sys.executable}" -m inferq', code)
         code = re.sub(r"(?<![\w/.])\.venv/bin/", f"{BIN}/", code)
         for placeholder in PLACEHOLDER.findall(code):
@@ -209,13 +246,13 @@ def model_snippets() -> list[tuple[Example, str]]:
 
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Readme]:
-    """The README's models written by its own snippets, an API, and a worker for the models the examples use."""
+    """The models written by the documents' own snippets, an API, and a worker for the models the examples use."""
     tmp = tmp_path_factory.mktemp("readme")
     stack = new_stack(tmp, INFERQ_TEST_SLOW_S="0")
     shutil.copytree(ROOT / "models" / "langid", stack.models_dir / "langid")
     (tmp / "samples").symlink_to(ROOT / "samples")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    # The safetensors model's module sits in the working folder, as the README's "importable by the worker".
+    # The safetensors model's module sits in the working folder, as docs/serving.md's "importable by the worker".
     env = base_env | stack.env | {"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp}"}
     stack.env = env
     with serving(stack):
@@ -224,7 +261,7 @@ def readme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Readme]:
             if saved_as:
                 (tmp / saved_as).write_text(example.code)
                 continue
-            state.model_snippets[example.line] = subprocess.run(
+            state.model_snippets[example.where] = subprocess.run(
                 [sys.executable, "-c", example.code], cwd=tmp, env=env, capture_output=True, text=True, timeout=180
             )
         assert (stack.models_dir / "tiny-onnx" / "config.json").exists(), state.model_snippets
@@ -245,8 +282,8 @@ def run_example(readme: Readme, example: Example) -> None:
 
 
 def run_python(readme: Readme, example: Example) -> None:
-    if example.line in readme.model_snippets:
-        done = readme.model_snippets[example.line]
+    if example.where in readme.model_snippets:
+        done = readme.model_snippets[example.where]
     elif example.code.startswith("# my_models.py"):
         assert (readme.work / "my_models.py").read_text() == example.code
         return
@@ -255,7 +292,7 @@ def run_python(readme: Readme, example: Example) -> None:
         done = subprocess.run(
             [sys.executable, "-c", code], cwd=readme.work, env=readme.env, capture_output=True, text=True, timeout=120
         )
-    assert done.returncode == 0, f"README line {example.line}:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"{example.where}:\n{done.stdout}\n{done.stderr}"
     # A print whose comment shows what it prints (the Triton snippet's label).
     for line in example.code.splitlines():
         printed = re.match(r"print\(.*\)\s+#\s+(\[.*\])$", line)
@@ -265,7 +302,7 @@ def run_python(readme: Readme, example: Example) -> None:
 
 def run_curl(readme: Readme, example: Example) -> None:
     done = readme.run(readme.adapt(example.code) + " --write-out '\\n%{http_code}'")
-    assert done.returncode == 0, f"README line {example.line}: {done.stderr}"
+    assert done.returncode == 0, f"{example.where}: {done.stderr}"
     body, _, status = done.stdout.rpartition("\n")
     if "/cancel" in example.code:
         # The examples before it waited for the job or batch to end: "409 if it already ended".
@@ -274,11 +311,11 @@ def run_curl(readme: Readme, example: Example) -> None:
     assert status in ("200", "202"), (example.code, status, body)
     answers = [json.loads(line) for line in body.splitlines() if line.startswith("{")]
     if "Prefer: wait" in example.code and status == "202":
-        # Not ended within the README's wait on a busy machine: what the README shows is the ended job.
+        # Not ended within the example's wait on a busy machine: what the document shows is the ended job.
         answers = [httpx.get(f"{readme.stack.base}/v1/jobs/{answers[0]['id']}", params={"wait": 60}, timeout=70).json()]
     wanted = shown_fields(example)
     missing = wanted - {name for answer in answers for name in fields_in(answer)}
-    assert not missing, f"README line {example.line} shows fields its answer lacks: {sorted(missing)}\n{body}"
+    assert not missing, f"{example.where} shows fields its answer lacks: {sorted(missing)}\n{body}"
     shown_id = re.search(r'"id":"([^"]+)"', " ".join(example.shown))
     if shown_id and PLACEHOLDER.fullmatch(shown_id.group(1)):
         readme.bound[shown_id.group(1)] = answers[0]["id"]
@@ -288,11 +325,11 @@ def run_curl(readme: Readme, example: Example) -> None:
 def run_command(readme: Readme, example: Example) -> None:
     done = readme.run(readme.adapt(example.code))
     if example.note.startswith("inferq: "):
-        # The README shows the one line such a command prints on stderr, and it exits 2.
+        # The document shows the one line such a command prints on stderr, and it exits 2.
         expected = example.note.replace(README_API, readme.stack.base.removeprefix("http://")).split("…")[0]
         assert (done.returncode, done.stderr.startswith(expected)) == (2, True), done.stderr
         return
-    assert done.returncode == 0, f"README line {example.line}:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"{example.where}:\n{done.stdout}\n{done.stderr}"
     if example.code.startswith(".venv/bin/rq info"):
         assert "inferq.digits" in done.stdout, done.stdout
 
@@ -300,5 +337,12 @@ def run_command(readme: Readme, example: Example) -> None:
 @pytest.mark.parametrize("example", params())
 def test_the_readme_example_runs_as_written(readme: Readme, example: Example) -> None:
     reason = reason_not_run(example)
-    assert reason is None, f"README line {example.line} is an example this test neither runs nor skips"
+    assert reason is None, f"{example.where} is an example this test neither runs nor skips"
     run_example(readme, example)
+
+
+def test_the_examples_come_from_the_readme_and_every_page() -> None:
+    """No page of docs/ escapes this test: each is in the nav (mkdocs build --strict fails otherwise), so read here."""
+    pages = {path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").rglob("*.md")}
+    assert set(documents()) == {"README.md", "CONTRIBUTING.md", *pages}
+    assert documents()[0] == "README.md"

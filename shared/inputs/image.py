@@ -27,7 +27,7 @@ class ImageInput(BaseModel):
     std: list[float] = Field(default_factory=lambda: [1.0])
 
 
-# The formats the README names; Pillow's other decoders (dozens, some rarely exercised) are never opened.
+# The formats docs/models.md names; Pillow's other decoders (dozens, some rarely exercised) are never opened.
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 # Real PNGs carry a handful of chunks before their pixels; Pillow walks every one of them to find the size.
 MAX_PNG_CHUNKS = 10_000

@@ -81,7 +81,7 @@ class BatchWriter:
         self.chunk_size, self.result_ttl_s = chunk_size, result_ttl_s
         self.owner, self.webhook = owner, webhook
         self.queue_name = keys.queue_name(model, lane)
-        # The lane's bound (README, "Bulk batches"): the interactive lane counts chunks as single jobs, the bulk
+        # The lane's bound (docs/bulk.md): the interactive lane counts chunks as single jobs, the bulk
         # lane counts waiting items.
         self.max_chunks = (max_queue_length or settings.max_queue_length) if lane == keys.INTERACTIVE else None
         self.max_items = settings.max_bulk_queued_items if lane == keys.BULK else None
