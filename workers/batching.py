@@ -10,7 +10,7 @@ about 18 round trips per job.
 Every write that moves a job is a script of ``shared.lifecycle``. Round trips per batch, in the
 steady state: the worker's IDLE state, the blocking BLMOVE, one script that pops the rest, one MULTI
 that starts and loads the batch, one MULTI that finishes it. The finish runs on a thread of its own
-(``batch_parts.Finisher``), so Redis stores one batch while this process loads the next. With the
+(``threads.Finisher``), so Redis stores one batch while this process loads the next. With the
 overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs.
 """
 
@@ -39,11 +39,6 @@ from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.batch_parts import (
-    Finisher,
-    KeepAlive,
-    jobs_of,
-)
 from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
 from workers.prefetch import Prefetcher, same_jobs
@@ -57,6 +52,7 @@ from workers.running import (
     run_batch,
     run_prepared,
 )
+from workers.threads import Finisher, KeepAlive
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +345,7 @@ class BatchWorker(SimpleWorker):
 
     def _run(self, runner: ModelRunner, items: list[Item], queue: Queue, prepared: Prepared | None = None) -> None:
         self._running = (items, queue)
-        self._beats.begin((layout.queue_keys(queue.name), jobs_of(items)))
+        self._beats.begin((layout.queue_keys(queue.name), _jobs_of(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
         try:
             # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
@@ -399,7 +395,7 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        started = [(j.id, j.execution_id) for j in jobs_of(items)]
+        started = [(j.id, j.execution_id) for j in _jobs_of(items)]
         back = store.give_back(self.connection, layout.queue_keys(queue.name), started, self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
@@ -547,3 +543,8 @@ class BatchWorker(SimpleWorker):
                 superseded,
             )
         return events
+
+
+def _jobs_of(items: list[Item]) -> list[Claimed]:
+    """The batch's jobs, once each: the items of a bulk chunk share theirs."""
+    return list({id(item.job): item.job for item in items}.values())
