@@ -12,6 +12,7 @@ steady state: the worker's IDLE state, the blocking BLMOVE, one script that pops
 that starts and loads the batch, one MULTI that finishes it. The finish runs on a thread of its own
 (``threads.Finisher``), so Redis stores one batch while this process loads the next. With the
 overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs.
+Which queue the next job comes from is the lane policy's decision (``lanes``); this module runs it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
+from workers.lanes import LanePolicy
 from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
 from workers.prefetch import Prefetcher, same_jobs
@@ -99,10 +101,7 @@ class BatchWorker(SimpleWorker):
         self._held: tuple[Queue, list[str]] | None = None
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
         self._lost: tuple[Queue, list[str], list[str]] | None = None
-        self._turn = 0  # which model a multi-model worker tries first on its next claim
-        # Interactive batches since the bulk lane last went first; every `_bulk_every`-th batch it does.
-        self._since_bulk = 0
-        self._bulk_every = max(1, round(1 / settings.bulk_share))
+        self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -249,34 +248,22 @@ class BatchWorker(SimpleWorker):
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
         """The next job, moved into its queue's intermediate list in one step; None when empty (burst).
 
-        Interactive lanes first, models in turn; the bulk lanes fill in when no interactive work waits,
-        and go first on every ``_bulk_every``-th batch, so steady interactive load never starves them.
+        Where it looks, in which order, is the lane policy's plan (``workers/lanes.py``); this runs it.
         """
-        models = len(self.runners)
-        turn = self._turn % models
-        interactive, bulk = self.queues[:models], self.queues[models:]
-        interactive = interactive[turn:] + interactive[:turn]
-        bulk = bulk[turn:] + bulk[:turn]
-        bulk_first = self._since_bulk + 1 >= self._bulk_every
-        order = bulk + interactive if bulk_first else interactive + bulk
-        block_on = self.queues[0].name if models == 1 else None
+        plan = self.lanes.plan()
         claimed = None
-        if self._since_bulk > 0 and not bulk_first and self.settings.bulk_anticipate_ms > 0:
-            # The last batch was interactive: its client's next request gets a moment to arrive before a waiting
-            # bulk chunk takes the model (INFERQ_BULK_ANTICIPATE_MS); with none waiting, a --burst worker stops now.
-            names = [q.name for q in interactive]
-            claimed = store.claim(self.connection, names, None)
-            if claimed is None and store.any_waiting(self.connection, [q.name for q in bulk]):
+        if plan.anticipate:
+            claimed = store.claim(self.connection, plan.anticipate, None)
+            if claimed is None and store.any_waiting(self.connection, plan.bulk):
                 with contextlib.suppress(DequeueTimeout):
-                    claimed = store.claim(self.connection, names, self.settings.bulk_anticipate_ms / 1000, block_on)
+                    claimed = store.claim(self.connection, plan.anticipate, plan.anticipate_s, plan.block_on)
         if claimed is None:
-            claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
+            claimed = store.claim(self.connection, plan.order, timeout, plan.block_on)
         if claimed is None:
             return None
         job_id, name = claimed
         queue = next(q for q in self.queues if q.name == name)
-        self._since_bulk = 0 if keys.lane_of(name) == keys.BULK else self._since_bulk + 1
-        self._turn = list(self.runners).index(keys.model_from_queue(name)) + 1  # next claim starts after it
+        self.lanes.claimed(name)
         return job_id, queue
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
