@@ -11,7 +11,7 @@ Every write that moves a job is a script of ``shared.lifecycle``. Round trips pe
 steady state: the worker's IDLE state, the blocking BLMOVE, one script that pops the rest, one MULTI
 that starts and loads the batch, one MULTI that finishes it. The finish runs on a thread of its own
 (``threads.Finisher``), so Redis stores one batch while this process loads the next. With the
-overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs.
+overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs (``prefetch``).
 Which queue the next job comes from is the lane policy's decision (``lanes``); this module runs it.
 """
 
@@ -43,7 +43,7 @@ from shared.settings import Settings
 from workers.lanes import LanePolicy
 from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
-from workers.prefetch import Prefetcher, same_jobs
+from workers.prefetch import Prefetcher
 from workers.running import (
     BatchReport,
     BatchTimeout,
@@ -116,7 +116,14 @@ class BatchWorker(SimpleWorker):
         # The overlap: the next batch is prepared while the model runs the current one (module docstring).
         cuda = any(runner.device.type == "cuda" for runner in runners.values())
         self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
-        self.prefetch = Prefetcher(self)
+        self.prefetch = Prefetcher(
+            connection=self.connection,
+            runners=runners,
+            claim=self._claim,
+            stopping=lambda: self._stop_requested,
+            outage=self.outage,
+            worker_name=self.name,
+        )
 
     @property
     def batches_prefetched(self) -> int:
@@ -199,7 +206,7 @@ class BatchWorker(SimpleWorker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
-        self.prefetch.closed = False  # a worker may work() again after a burst
+        self.prefetch.open()  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
         finally:
@@ -214,7 +221,6 @@ class BatchWorker(SimpleWorker):
         ready = self.prefetch.take()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
-            self.prefetch.ready = ready
             self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
@@ -276,7 +282,7 @@ class BatchWorker(SimpleWorker):
         RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
         stopping while collecting would strand the popped jobs in the intermediate list.
         """
-        if self._held is not None or self.prefetch.ahead is not None:
+        if self._held is not None or self.prefetch.holding:
             self._stop_requested = True
             self.set_shutdown_requested_date()
             log.info("worker %s: stopping after the batch being collected", self.name)
@@ -320,12 +326,10 @@ class BatchWorker(SimpleWorker):
         finally:
             self._held = None
         prepared = None
-        # A batch prepared ahead runs as prepared unless the start dropped some of it (canceled, expired):
-        # then what did start is prepared again, as usual.
-        if ready is not None and ready.prepared and ready.items is not None and same_jobs(items, ready.job_ids):
-            for mine, started in zip(ready.items, items, strict=True):
-                mine.job, mine.info = started.job, started.info
-            items, prepared = ready.items, ready.prepared
+        # A batch prepared ahead runs as prepared unless the start dropped some of it.
+        adopted = ready.adopt(items) if ready is not None else None
+        if adopted is not None:
+            items, prepared = adopted
         if items:
             self._run(runner, items, queue, prepared)
         self.batches_run += 1
@@ -396,7 +400,8 @@ class BatchWorker(SimpleWorker):
         log.warning("worker %s: %d job(s) whose start lost Redis given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
-        """Put popped jobs that never started back at the front of their queue, in order."""
+        """Put popped jobs that never started back at the front of their queue, in order (a prefetched batch is
+        the prefetcher's to give back)."""
         back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
