@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -95,3 +95,21 @@ def digits_heldout() -> tuple[Any, Any]:
     module = train_script("digits")
     _, _, images, labels = module.load_split()
     return [module.render_png(image) for image in images], [str(int(label)) for label in labels]
+
+
+# Advice a test gives without failing (warnings fail this suite): listed in the run's closing summary.
+_ADVICE = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def advise(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Note one line for the "advisory" section at the end of the run; it never fails the test."""
+    return request.config.stash.setdefault(_ADVICE, []).append
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    advice = config.stash.get(_ADVICE, [])
+    if advice:
+        terminalreporter.section("advisory")
+        for line in advice:
+            terminalreporter.write_line(line)

@@ -98,7 +98,7 @@ def test_redis_round_trips_per_batch_are_at_most_5_whatever_the_batch_size(redis
         client.close()
     print("Redis round trips per batch:", per_batch)
     # The idle state before the claim, claim, pop the rest (not needed for a batch of one), start and load,
-    # finish (on the finisher's thread, while the next batch is claimed: workers/batch_parts.Finisher).
+    # finish (on the finisher's thread, while the next batch is claimed: workers/threads.Finisher).
     assert per_batch[1] == 4
     assert per_batch[16] == 5
 

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,7 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERED = ("api", "workers", "shared")
 ALL_PACKAGES = (*LAYERED, "inferq")
-MAX_LINES = 600
+# A module this long is listed at the end of the run (split it along a seam if it has one, never to pass a count);
+# past MAX_LINES it fails.
+ADVISORY_LINES = 500
+MAX_LINES = 800
 
 # Top-level packages each layer must not import. The API imports shared, so shared stays torch-free
 # too (shared/models.py says so); the transitive test below checks the API's whole import closure.
@@ -171,15 +174,31 @@ def test_settings_are_read_only_through_shared_settings() -> None:
     assert sorted(hit for m in _modules(LAYERED) for hit in _env_reads(m)) == []
 
 
-def test_modules_stay_small(capsys: pytest.CaptureFixture[str]) -> None:
+def _by_size(sizes: list[tuple[int, str]]) -> tuple[list[str], list[str]]:
+    """The modules to list (at least ADVISORY_LINES, up to MAX_LINES) and those that fail (past MAX_LINES)."""
+    listed = [f"{rel}: {lines} lines" for lines, rel in sizes if ADVISORY_LINES <= lines <= MAX_LINES]
+    failing = [f"{rel}: {lines} lines" for lines, rel in sizes if lines > MAX_LINES]
+    return listed, failing
+
+
+def test_modules_stay_small(capsys: pytest.CaptureFixture[str], advise: Callable[[str], None]) -> None:
     sizes = sorted(
         ((len(m.path.read_text(encoding="utf-8").splitlines()), m.rel) for m in _modules(ALL_PACKAGES)), reverse=True
     )
     with capsys.disabled():
-        print(f"\nlargest modules (limit {MAX_LINES} lines):")
+        print(f"\nlargest modules (listed from {ADVISORY_LINES} lines, failing past {MAX_LINES}):")
         for lines, rel in sizes[:5]:
             print(f"  {lines:5d}  {rel}")
-    assert [f"{rel}: {lines} lines" for lines, rel in sizes if lines > MAX_LINES] == []
+    listed, failing = _by_size(sizes)
+    for line in listed:
+        advise(f"{line} (at least {ADVISORY_LINES}: one concept still? fails past {MAX_LINES})")
+    assert failing == []
+
+
+def test_module_sizes_are_listed_then_failed() -> None:
+    listed, failing = _by_size([(801, "a.py"), (800, "b.py"), (500, "c.py"), (499, "d.py")])
+    assert listed == ["b.py: 800 lines", "c.py: 500 lines"]
+    assert failing == ["a.py: 801 lines"]
 
 
 def test_the_checks_see_violations(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ about 18 round trips per job.
 Every write that moves a job is a script of ``shared.lifecycle``. Round trips per batch, in the
 steady state: the worker's IDLE state, the blocking BLMOVE, one script that pops the rest, one MULTI
 that starts and loads the batch, one MULTI that finishes it. The finish runs on a thread of its own
-(``batch_parts.Finisher``), so Redis stores one batch while this process loads the next. With the
-overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs.
+(``threads.Finisher``), so Redis stores one batch while this process loads the next. With the
+overlap on (``INFERQ_OVERLAP``), the next batch is also prepared while the model runs (``prefetch``).
+Which queue the next job comes from is the lane policy's decision (``lanes``); this module runs it.
 """
 
 from __future__ import annotations
@@ -39,14 +40,10 @@ from shared.lifecycle.queues import register_queues
 from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
-from workers.batch_parts import (
-    Finisher,
-    KeepAlive,
-    jobs_of,
-)
+from workers.lanes import LanePolicy
 from workers.outage import Outage
 from workers.outcomes import chunk_outcome, outcome_of
-from workers.prefetch import Prefetcher, same_jobs
+from workers.prefetch import Prefetcher
 from workers.running import (
     BatchReport,
     BatchTimeout,
@@ -57,6 +54,7 @@ from workers.running import (
     run_batch,
     run_prepared,
 )
+from workers.threads import Finisher, KeepAlive
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +101,7 @@ class BatchWorker(SimpleWorker):
         self._held: tuple[Queue, list[str]] | None = None
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
         self._lost: tuple[Queue, list[str], list[str]] | None = None
-        self._turn = 0  # which model a multi-model worker tries first on its next claim
-        # Interactive batches since the bulk lane last went first; every `_bulk_every`-th batch it does.
-        self._since_bulk = 0
-        self._bulk_every = max(1, round(1 / settings.bulk_share))
+        self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -121,7 +116,14 @@ class BatchWorker(SimpleWorker):
         # The overlap: the next batch is prepared while the model runs the current one (module docstring).
         cuda = any(runner.device.type == "cuda" for runner in runners.values())
         self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
-        self.prefetch = Prefetcher(self)
+        self.prefetch = Prefetcher(
+            connection=self.connection,
+            runners=runners,
+            claim=self._claim,
+            stopping=lambda: self._stop_requested,
+            outage=self.outage,
+            worker_name=self.name,
+        )
 
     @property
     def batches_prefetched(self) -> int:
@@ -204,7 +206,7 @@ class BatchWorker(SimpleWorker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
-        self.prefetch.closed = False  # a worker may work() again after a burst
+        self.prefetch.open()  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
         finally:
@@ -219,7 +221,6 @@ class BatchWorker(SimpleWorker):
         ready = self.prefetch.take()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
-            self.prefetch.ready = ready
             self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
         self.procline(f"Listening on {','.join(q.name for q in self.queues)}")
@@ -253,34 +254,22 @@ class BatchWorker(SimpleWorker):
     def _claim(self, timeout: int | None) -> tuple[str, Queue] | None:
         """The next job, moved into its queue's intermediate list in one step; None when empty (burst).
 
-        Interactive lanes first, models in turn; the bulk lanes fill in when no interactive work waits,
-        and go first on every ``_bulk_every``-th batch, so steady interactive load never starves them.
+        Where it looks, in which order, is the lane policy's plan (``workers/lanes.py``); this runs it.
         """
-        models = len(self.runners)
-        turn = self._turn % models
-        interactive, bulk = self.queues[:models], self.queues[models:]
-        interactive = interactive[turn:] + interactive[:turn]
-        bulk = bulk[turn:] + bulk[:turn]
-        bulk_first = self._since_bulk + 1 >= self._bulk_every
-        order = bulk + interactive if bulk_first else interactive + bulk
-        block_on = self.queues[0].name if models == 1 else None
+        plan = self.lanes.plan()
         claimed = None
-        if self._since_bulk > 0 and not bulk_first and self.settings.bulk_anticipate_ms > 0:
-            # The last batch was interactive: its client's next request gets a moment to arrive before a waiting
-            # bulk chunk takes the model (INFERQ_BULK_ANTICIPATE_MS); with none waiting, a --burst worker stops now.
-            names = [q.name for q in interactive]
-            claimed = store.claim(self.connection, names, None)
-            if claimed is None and store.any_waiting(self.connection, [q.name for q in bulk]):
+        if plan.anticipate:
+            claimed = store.claim(self.connection, plan.anticipate, None)
+            if claimed is None and store.any_waiting(self.connection, plan.bulk):
                 with contextlib.suppress(DequeueTimeout):
-                    claimed = store.claim(self.connection, names, self.settings.bulk_anticipate_ms / 1000, block_on)
+                    claimed = store.claim(self.connection, plan.anticipate, plan.anticipate_s, plan.block_on)
         if claimed is None:
-            claimed = store.claim(self.connection, [q.name for q in order], timeout, block_on)
+            claimed = store.claim(self.connection, plan.order, timeout, plan.block_on)
         if claimed is None:
             return None
         job_id, name = claimed
         queue = next(q for q in self.queues if q.name == name)
-        self._since_bulk = 0 if keys.lane_of(name) == keys.BULK else self._since_bulk + 1
-        self._turn = list(self.runners).index(keys.model_from_queue(name)) + 1  # next claim starts after it
+        self.lanes.claimed(name)
         return job_id, queue
 
     def get_heartbeat_ttl(self, job: JSONJob) -> int:  # type: ignore[override]
@@ -293,7 +282,7 @@ class BatchWorker(SimpleWorker):
         RQ stops at once unless the worker is BUSY, and ours is BUSY only once the batch starts:
         stopping while collecting would strand the popped jobs in the intermediate list.
         """
-        if self._held is not None or self.prefetch.ahead is not None:
+        if self._held is not None or self.prefetch.holding:
             self._stop_requested = True
             self.set_shutdown_requested_date()
             log.info("worker %s: stopping after the batch being collected", self.name)
@@ -337,19 +326,17 @@ class BatchWorker(SimpleWorker):
         finally:
             self._held = None
         prepared = None
-        # A batch prepared ahead runs as prepared unless the start dropped some of it (canceled, expired):
-        # then what did start is prepared again, as usual.
-        if ready is not None and ready.prepared and ready.items is not None and same_jobs(items, ready.job_ids):
-            for mine, started in zip(ready.items, items, strict=True):
-                mine.job, mine.info = started.job, started.info
-            items, prepared = ready.items, ready.prepared
+        # A batch prepared ahead runs as prepared unless the start dropped some of it.
+        adopted = ready.adopt(items) if ready is not None else None
+        if adopted is not None:
+            items, prepared = adopted
         if items:
             self._run(runner, items, queue, prepared)
         self.batches_run += 1
 
     def _run(self, runner: ModelRunner, items: list[Item], queue: Queue, prepared: Prepared | None = None) -> None:
         self._running = (items, queue)
-        self._beats.begin((layout.queue_keys(queue.name), jobs_of(items)))
+        self._beats.begin((layout.queue_keys(queue.name), _jobs_of(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
         try:
             # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
@@ -399,7 +386,7 @@ class BatchWorker(SimpleWorker):
 
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
-        started = [(j.id, j.execution_id) for j in jobs_of(items)]
+        started = [(j.id, j.execution_id) for j in _jobs_of(items)]
         back = store.give_back(self.connection, layout.queue_keys(queue.name), started, self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
@@ -413,7 +400,8 @@ class BatchWorker(SimpleWorker):
         log.warning("worker %s: %d job(s) whose start lost Redis given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
-        """Put popped jobs that never started back at the front of their queue, in order."""
+        """Put popped jobs that never started back at the front of their queue, in order (a prefetched batch is
+        the prefetcher's to give back)."""
         back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
@@ -547,3 +535,8 @@ class BatchWorker(SimpleWorker):
                 superseded,
             )
         return events
+
+
+def _jobs_of(items: list[Item]) -> list[Claimed]:
+    """The batch's jobs, once each: the items of a bulk chunk share theirs."""
+    return list({id(item.job): item.job for item in items}.values())

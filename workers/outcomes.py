@@ -1,17 +1,18 @@
 """How each job of a finished batch ended, as the finish script takes it: a single job's result or failure,
-or a bulk chunk's result lines (each item ended or failed alone)."""
+or a bulk chunk's result lines (each item ended or failed alone), with what each item adds to its model's metrics."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from rq.utils import now
+
 from shared import metrics
 from shared.jobs import ended_view
 from shared.lifecycle.finish import Outcome
 from shared.lifecycle.store import Claimed
 from shared.settings import Settings
-from workers.batch_parts import observe
 from workers.running import Item
 
 
@@ -68,6 +69,19 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
     value = item.traceback or item.error
     view = _view(job, "failed", info, int(ttl), None)
     return Outcome(job, False, value, int(ttl), info, model, metrics=observed, failures=[note], view=view)
+
+
+def observe(acc: metrics.Increments, item: Item) -> None:
+    """What one item adds to its model's metrics when its job ends (counted only if it ends here)."""
+    job = item.job
+    ended_at = job.ended_at or now()
+    queued_s = (job.started_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
+    end_to_end_s = (ended_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
+    inference_s = float(item.info.get("inference_ms") or 0.0) / 1000.0
+    status, reason = "finished", None
+    if item.error is not None:
+        status, reason = "failed", metrics.failure_class(item.error)
+    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
 
 
 def _view(job: Claimed, status: str, info: dict[str, str], ttl_s: int, result_json: str | None) -> str | None:

@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 import torch
+from redis import Redis
 from rq.queue import Queue
 
 from shared import keys
 from shared.lifecycle import layout, store
+from workers.outage import Outage
 from workers.running import Item, ModelRunner, Prepared, prepare
-
-if TYPE_CHECKING:
-    from workers.batching import BatchWorker
 
 log = logging.getLogger("workers.batching")
 
@@ -42,6 +42,15 @@ class Prefetched:
     held_since: float
     items: list[Item] | None = None
     prepared: Prepared | None = None
+
+    def adopt(self, started: list[Item]) -> tuple[list[Item], Prepared] | None:
+        """The batch as prepared, its items given the jobs the start returned; None if it was never prepared or
+        the start dropped some of it (canceled, expired): then what did start is prepared again, as usual."""
+        if self.prepared is None or self.items is None or not same_jobs(started, self.job_ids):
+            return None
+        for mine, item in zip(self.items, started, strict=True):
+            mine.job, mine.info = item.job, item.info
+        return self.items, self.prepared
 
 
 def same_jobs(started: list[Item], job_ids: list[str]) -> bool:
@@ -61,11 +70,28 @@ def prepare_aside(runner: ModelRunner, items: list[Item]) -> Prepared:
 
 
 class Prefetcher:
-    """One worker's prefetch thread and its one slot: ``ahead`` (being popped or prepared by the thread), then
-    ``ready`` (handed from the dequeue to execute_job)."""
+    """One worker's prefetch thread, its one slot and its give-back: ``ahead`` (being popped or prepared by the
+    thread), then ``ready`` (taken by the dequeue, handed over to execute_job); a stop gives either back.
 
-    def __init__(self, worker: BatchWorker) -> None:
-        self.worker = worker
+    ``claim(None)`` is the worker's claim (its lane policy), never blocking; ``stopping()`` says a stop was asked.
+    """
+
+    def __init__(
+        self,
+        *,
+        connection: Redis,
+        runners: dict[str, ModelRunner],
+        claim: Callable[[Any], tuple[str, Queue] | None],
+        stopping: Callable[[], bool],
+        outage: Outage,
+        worker_name: str,
+    ) -> None:
+        self.connection = connection
+        self.runners = runners
+        self.claim = claim
+        self.stopping = stopping
+        self.outage = outage
+        self.worker_name = worker_name
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.ahead: Prefetched | None = None
@@ -73,9 +99,18 @@ class Prefetcher:
         self.closed = False
         self.count = 0  # batches prepared ahead
 
+    def open(self) -> None:
+        """Prefetch (again): a worker may work() again after a burst, whose end closed the prefetch."""
+        self.closed = False
+
+    @property
+    def holding(self) -> bool:
+        """Whether the thread has popped a batch that waits, unstarted, for its turn."""
+        return self.ahead is not None
+
     def start(self) -> None:
         """Start the prefetch thread, unless one is still busy or a prefetched batch waits."""
-        if self.closed or self.worker._stop_requested or self.ahead is not None:
+        if self.closed or self.stopping() or self.ahead is not None:
             return
         if self.thread is not None and self.thread.is_alive():
             return
@@ -84,12 +119,11 @@ class Prefetcher:
 
     def _run(self) -> None:
         """Claim and pop the next batch (never blocking), read its inputs and prepare it."""
-        worker = self.worker
         try:
             with self.lock:
-                if self.closed or worker._stop_requested:
+                if self.closed or self.stopping():
                     return
-                claimed = worker._claim(None)
+                claimed = self.claim(None)
                 if claimed is None:
                     return
                 job_id, queue = claimed
@@ -97,9 +131,9 @@ class Prefetcher:
                 self.ahead = ahead
                 if keys.is_chunk(job_id):
                     return  # a bulk chunk: a batch of its own, prepared once started (its items are in it)
-                runner = worker.runners[keys.model_from_queue(queue.name)]
-                ahead.job_ids += store.pop(worker.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
-            inputs = store.read_inputs(worker.connection, ahead.job_ids)
+                runner = self.runners[keys.model_from_queue(queue.name)]
+                ahead.job_ids += store.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
+            inputs = store.read_inputs(self.connection, ahead.job_ids)
             # The jobs are not started yet: the start script gives each its job; until then, no job.
             items = [Item(cast(Any, None), payload, content_type) for payload, content_type in inputs]
             prepared = prepare_aside(runner, items)
@@ -108,16 +142,19 @@ class Prefetcher:
                     ahead.items, ahead.prepared = items, prepared
                     self.count += 1
         except Exception:  # the jobs stay held; the main loop starts and prepares them as usual
-            log.exception("worker %s: preparing the next batch failed", worker.name)
+            log.exception("worker %s: preparing the next batch failed", self.worker_name)
 
     def take(self) -> Prefetched | None:
-        """The prefetched batch, once the thread is done with it; None when there is none."""
+        """The prefetched batch, once the thread is done with it, kept as ``ready`` until execute_job's
+        ``hand_over``; None when there is none."""
         thread = self.thread
         if thread is not None:
             thread.join()
             self.thread = None
         with self.lock:
             ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            self.ready = ahead
         return ahead
 
     def hand_over(self) -> Prefetched | None:
@@ -128,7 +165,7 @@ class Prefetcher:
     def give_back(self, wait_s: float | None = None) -> None:
         """Put a prefetched batch back at the front of its queue, and prefetch no more."""
         if not self.lock.acquire(timeout=-1 if wait_s is None else wait_s):
-            log.warning("worker %s: the prefetch thread holds its lock; RQ's cleanup will requeue", self.worker.name)
+            log.warning("worker %s: the prefetch thread holds its lock; RQ's cleanup will requeue", self.worker_name)
             return
         try:
             self.closed = True
@@ -138,7 +175,7 @@ class Prefetcher:
             self.lock.release()
         for batch in (ahead, ready):
             if batch is not None:
-                self.worker._give_back_held(batch.queue, batch.job_ids)
+                self._give_back(batch)
 
     def close(self) -> None:
         """The loop ended: wait for the thread, then give back what it took."""
@@ -146,7 +183,7 @@ class Prefetcher:
         thread = self.thread
         if thread is not None:
             thread.join(timeout=30)
-        self.worker.outage.skip(self.give_back, "giving back a prefetched batch")
+        self.outage.skip(self.give_back, "giving back a prefetched batch")
 
     def expire(self) -> None:
         """A batch held longer than PREFETCH_HOLD_LIMIT_S goes back to its queue before maintenance takes it."""
@@ -156,6 +193,12 @@ class Prefetcher:
                 return
             self.ahead = None
         try:
-            self.worker._give_back_held(ahead.queue, ahead.job_ids)
+            self._give_back(ahead)
         except redis.exceptions.RedisError as exc:
-            log.warning("worker %s: giving back a prefetched batch failed (%s)", self.worker.name, exc)
+            log.warning("worker %s: giving back a prefetched batch failed (%s)", self.worker_name, exc)
+
+    def _give_back(self, batch: Prefetched) -> None:
+        """Popped jobs that never started back at the front of their queue, in order."""
+        back = store.give_back_held(self.connection, layout.queue_keys(batch.queue.name), batch.job_ids)
+        name = batch.queue.name
+        log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.worker_name, len(back), name)

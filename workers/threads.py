@@ -1,23 +1,14 @@
-"""Parts of the batching worker that stand alone: its keep-alive thread, its finisher thread, per-item helpers.
-
-The prefetch (the overlap) is workers/prefetch.py; waiting out Redis is workers/outage.py."""
+"""The batching worker's two helper threads, each living as long as the worker: the keep-alive, which keeps a
+running batch's jobs and the worker alive in Redis, and the finisher, which stores a batch's results while the
+worker takes the next one."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
-
-from rq.utils import now
-
-from shared import metrics
-from shared.lifecycle.store import Claimed
-from workers.running import Item
-
-log = logging.getLogger("workers.batching")
 
 
 class KeepAlive:
@@ -63,24 +54,6 @@ class KeepAlive:
             with self._busy:
                 if self._batch is batch:
                     self._beat(batch)
-
-
-def observe(acc: metrics.Increments, item: Item) -> None:
-    """What one item adds to its model's metrics when its job ends (counted only if it ends here)."""
-    job = item.job
-    ended_at = job.ended_at or now()
-    queued_s = (job.started_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
-    end_to_end_s = (ended_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
-    inference_s = float(item.info.get("inference_ms") or 0.0) / 1000.0
-    status, reason = "finished", None
-    if item.error is not None:
-        status, reason = "failed", metrics.failure_class(item.error)
-    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
-
-
-def jobs_of(items: list[Item]) -> list[Claimed]:
-    """The batch's jobs, once each: the items of a bulk chunk share theirs."""
-    return list({id(item.job): item.job for item in items}.values())
 
 
 class Finisher:
