@@ -116,7 +116,7 @@ class Base:
 
 
 def advance(feed: Feed[T], outcome: Any, error: httpx.TransportError | None) -> Effect | Emit[T] | None:
-    """What ``feed`` asks for next, sent the outcome of its last ask or thrown the transport error it met; None: done."""
+    """What ``feed`` asks for next, sent the outcome of its last ask or thrown the transport error met; None: done."""
     try:
         return feed.throw(error) if error is not None else feed.send(outcome)
     except StopIteration:
