@@ -9,26 +9,27 @@
 Requests are retried with backoff on connection errors, 429 and 503, never sooner than ``Retry-After``. Every
 submit carries an ``Idempotency-Key`` (a uuid4 unless given), so a retried submit never makes a second job.
 Bulk batches (``create_batch``, ``get_batch``, ``batch_results``, ``cancel_batch``) are in ``inferq.client_bulk``.
+What every method does is written once, without I/O, in ``inferq.client_flows``; both clients only drive it.
 
 Errors and results are in ``inferq.client_types`` (its docstring draws the error tree), all importable from here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
 
+from inferq import client_flows as flows
 from inferq.client_bulk import AsyncBulkMethods, BulkMethods
-from inferq.client_http import SSE, Call, events_path, finished, model_list, raise_for, submit_call
+from inferq.client_flows import POLL_S as POLL_S  # between polls; its old home
 from inferq.client_types import (
     APIError,
     Batch,
@@ -56,7 +57,6 @@ from inferq.client_types import (
     WebhookAttempt,
     WebhookInfo,
     WebhookVerificationError,
-    build,
     retry_after_s,
 )
 
@@ -93,8 +93,6 @@ __all__ = [
     "verify_webhook",
 ]
 
-POLL_S = 0.5
-
 
 class Client(BulkMethods):
     """A synchronous client of one inferq API; use it as a context manager, or call ``close()``."""
@@ -123,23 +121,6 @@ class Client(BulkMethods):
         """Close the connections."""
         self._http.close()
 
-    def _send(self, call: Call) -> httpx.Response:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = self._http.request(call.method, call.path, files=call.files, **self._kwargs(call))
-            except httpx.TransportError as exc:
-                delay = self._delay(call, attempt, exc)
-                if delay is None:
-                    raise TransportError(f"{call.method} {self.base_url}{call.path}: {exc!r}") from exc
-            else:
-                delay = self._delay(call, attempt, response)
-                if delay is None:
-                    raise_for(response)
-                    return response
-            time.sleep(delay)
-
     def submit(
         self,
         model: str,
@@ -162,36 +143,18 @@ class Client(BulkMethods):
         """
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
-        return Job.from_dict(self._send(submit_call(model, options)).json())
+        return self._run(flows.submit(self, model, options))
 
     def get(self, job_id: str) -> Job:
         """The job as it is now; ``NotFound`` if unknown or expired."""
-        return Job.from_dict(self._send(self._wait_call(job_id, 0)).json())
+        return self._run(flows.get(self, job_id))
 
     def wait(self, job_id: str, timeout: float = 60.0) -> Job:
         """The finished job, long-polling (``?wait=``) and then polling for up to ``timeout`` seconds.
 
         Raises ``JobFailed`` if it failed, was canceled or expired, ``WaitTimeout`` if it had not ended.
         """
-        deadline = time.monotonic() + timeout
-        long_poll = True
-        while True:
-            wait_s = max(0.0, min(deadline - time.monotonic(), self.max_wait_s)) if long_poll else 0.0
-            asked = time.monotonic()
-            try:
-                job = Job.from_dict(self._send(self._wait_call(job_id, wait_s)).json())
-            except InvalidInput:
-                if not wait_s:
-                    raise
-                long_poll = False  # the API caps waits below max_wait_s: poll instead
-                continue
-            if job.done:
-                return finished(job)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimeout(job, timeout)
-            if time.monotonic() - asked < wait_s / 2 or not long_poll:
-                time.sleep(min(POLL_S, left))
+        return self._run(flows.wait(self, job_id, timeout))
 
     def run(
         self,
@@ -208,62 +171,25 @@ class Client(BulkMethods):
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job: ``Prefer: wait`` first, then ``wait()``, ``timeout`` seconds in all."""
-        deadline = time.monotonic() + timeout
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key or uuid.uuid4().hex}
-        try:
-            job = Job.from_dict(self._send(submit_call(model, dict(options), min(timeout, self.max_wait_s))).json())
-        except InvalidInput as exc:
-            if "Prefer" not in exc.message:
-                raise
-            job = Job.from_dict(self._send(submit_call(model, options)).json())  # the API caps waits lower
-        if job.done:
-            return finished(job)
-        return self.wait(job.id, max(0.0, deadline - time.monotonic()))
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        return self._run(flows.run(self, model, options, timeout))
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued or running job; ``Conflict`` if it already ended."""
-        return Job.from_dict(self._send(Call("POST", f"/v1/jobs/{job_id}/cancel", repeatable=False)).json())
+        return self._run(flows.cancel(self, job_id))
 
     def events(self, job_id: str) -> Iterator[Job]:
         """The job at each status change (Server-Sent Events), ending with its terminal one; reconnects if cut."""
-        last, attempt = None, 0
-        while True:
-            try:
-                with self._http.stream(
-                    "GET", events_path(job_id), headers=self._headers, timeout=self._events_timeout()
-                ) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                        raise_for(response)
-                    parser = SSE()
-                    for line in response.iter_lines():
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        job = Job.from_dict(json.loads(event[1]))
-                        attempt = 0
-                        if job.status != last:
-                            last = job.status
-                            yield job
-                        if job.done:
-                            return
-                outcome: httpx.TransportError = httpx.RemoteProtocolError("the event stream ended early")
-            except httpx.TransportError as exc:
-                outcome = exc
-            attempt += 1
-            delay = self._delay(Call("GET", ""), attempt, outcome)
-            if delay is None:
-                raise TransportError(f"events of job {job_id}: {outcome!r}") from outcome
-            time.sleep(delay)
+        yield from self._iterate(flows.events(self, job_id))
 
     def models(self) -> ModelList:
         """Every model the API serves, and the model folders it left out."""
-        return model_list(self._send(Call("GET", "/v1/models")).json())
+        return self._run(flows.models(self))
 
     def model(self, name: str) -> Model:
         """One model; ``NotFound`` if the API does not serve it."""
-        return build(Model, self._send(Call("GET", f"/v1/models/{name}")).json())
+        return self._run(flows.model(self, name))
 
 
 class AsyncClient(AsyncBulkMethods):
@@ -293,23 +219,6 @@ class AsyncClient(AsyncBulkMethods):
         """Close the connections."""
         await self._http.aclose()
 
-    async def _send(self, call: Call) -> httpx.Response:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await self._http.request(call.method, call.path, files=call.files, **self._kwargs(call))
-            except httpx.TransportError as exc:
-                delay = self._delay(call, attempt, exc)
-                if delay is None:
-                    raise TransportError(f"{call.method} {self.base_url}{call.path}: {exc!r}") from exc
-            else:
-                delay = self._delay(call, attempt, response)
-                if delay is None:
-                    raise_for(response)
-                    return response
-            await asyncio.sleep(delay)
-
     async def submit(
         self,
         model: str,
@@ -326,33 +235,15 @@ class AsyncClient(AsyncBulkMethods):
         """Queue one input for ``model``; as ``Client.submit``."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
-        return Job.from_dict((await self._send(submit_call(model, options))).json())
+        return await self._run(flows.submit(self, model, options))
 
     async def get(self, job_id: str) -> Job:
         """The job as it is now; ``NotFound`` if unknown or expired."""
-        return Job.from_dict((await self._send(self._wait_call(job_id, 0))).json())
+        return await self._run(flows.get(self, job_id))
 
     async def wait(self, job_id: str, timeout: float = 60.0) -> Job:
         """The finished job, waiting up to ``timeout`` seconds; as ``Client.wait``."""
-        deadline = time.monotonic() + timeout
-        long_poll = True
-        while True:
-            wait_s = max(0.0, min(deadline - time.monotonic(), self.max_wait_s)) if long_poll else 0.0
-            asked = time.monotonic()
-            try:
-                job = Job.from_dict((await self._send(self._wait_call(job_id, wait_s))).json())
-            except InvalidInput:
-                if not wait_s:
-                    raise
-                long_poll = False
-                continue
-            if job.done:
-                return finished(job)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimeout(job, timeout)
-            if time.monotonic() - asked < wait_s / 2 or not long_poll:
-                await asyncio.sleep(min(POLL_S, left))
+        return await self._run(flows.wait(self, job_id, timeout))
 
     async def run(
         self,
@@ -369,63 +260,27 @@ class AsyncClient(AsyncBulkMethods):
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job; as ``Client.run``."""
-        deadline = time.monotonic() + timeout
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key or uuid.uuid4().hex}
-        try:
-            call = submit_call(model, dict(options), min(timeout, self.max_wait_s))
-            job = Job.from_dict((await self._send(call)).json())
-        except InvalidInput as exc:
-            if "Prefer" not in exc.message:
-                raise
-            job = Job.from_dict((await self._send(submit_call(model, options))).json())
-        if job.done:
-            return finished(job)
-        return await self.wait(job.id, max(0.0, deadline - time.monotonic()))
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        return await self._run(flows.run(self, model, options, timeout))
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel a queued or running job; ``Conflict`` if it already ended."""
-        return Job.from_dict((await self._send(Call("POST", f"/v1/jobs/{job_id}/cancel", repeatable=False))).json())
+        return await self._run(flows.cancel(self, job_id))
 
     async def events(self, job_id: str) -> AsyncIterator[Job]:
         """The job at each status change, ending with its terminal one; as ``Client.events``."""
-        last, attempt = None, 0
-        while True:
-            try:
-                async with self._http.stream(
-                    "GET", events_path(job_id), headers=self._headers, timeout=self._events_timeout()
-                ) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise_for(response)
-                    parser = SSE()
-                    async for line in response.aiter_lines():
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        job = Job.from_dict(json.loads(event[1]))
-                        attempt = 0
-                        if job.status != last:
-                            last = job.status
-                            yield job
-                        if job.done:
-                            return
-                outcome: httpx.TransportError = httpx.RemoteProtocolError("the event stream ended early")
-            except httpx.TransportError as exc:
-                outcome = exc
-            attempt += 1
-            delay = self._delay(Call("GET", ""), attempt, outcome)
-            if delay is None:
-                raise TransportError(f"events of job {job_id}: {outcome!r}") from outcome
-            await asyncio.sleep(delay)
+        async with contextlib.aclosing(self._iterate(flows.events(self, job_id))) as jobs:
+            async for job in jobs:
+                yield job
 
     async def models(self) -> ModelList:
         """Every model the API serves, and the model folders it left out."""
-        return model_list((await self._send(Call("GET", "/v1/models"))).json())
+        return await self._run(flows.models(self))
 
     async def model(self, name: str) -> Model:
         """One model; ``NotFound`` if the API does not serve it."""
-        return build(Model, (await self._send(Call("GET", f"/v1/models/{name}"))).json())
+        return await self._run(flows.model(self, name))
 
 
 def verify_webhook(secret: str | bytes, headers: Mapping[str, str], body: bytes | str, tolerance_s: int = 300) -> Job:

@@ -151,51 +151,33 @@ class SSE:
         return None
 
 
-class Base:
-    def __init__(
-        self, base_url: str, api_key: str | None, timeout: float, retry: Retry | None, max_wait_s: float
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.retry = retry or Retry()
-        # The longest wait one request asks of the API (INFERQ_MAX_WAIT_S there, 60 s by default).
-        self.max_wait_s = max_wait_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def retry_delay_s(
+    retry: Retry, call: Call, attempt: int, outcome: httpx.Response | httpx.TransportError
+) -> float | None:
+    """Seconds before retrying ``call`` after try ``attempt`` ended in ``outcome``; None: do not retry."""
+    if attempt >= retry.attempts:
+        return None
+    if isinstance(outcome, httpx.TransportError):
+        unsent = isinstance(outcome, httpx.ConnectError | httpx.ConnectTimeout)
+        return retry.delay_s(attempt) if call.repeatable or unsent else None
+    if outcome.status_code not in (429, 503):
+        return None
+    return retry.delay_s(attempt, outcome.headers.get("retry-after"))
 
-    def _kwargs(self, call: Call) -> dict[str, Any]:
-        timeout = self.timeout + (call.timeout_s or 0)
-        headers = self._headers | call.headers
-        return {
-            "params": call.params,
-            "headers": headers,
-            "json": call.json,
-            "data": call.data,
-            "content": call.content,
-            "timeout": timeout,
-        }
 
-    def _stream_kwargs(self, call: Call) -> dict[str, Any]:
-        return {"params": call.params, "headers": self._headers | call.headers, "timeout": self.timeout}
+def wait_call(job_id: str, wait_s: float) -> Call:
+    """Reading a job, long-polling up to ``wait_s`` seconds (0: answered at once)."""
+    return Call("GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:.3f}"} if wait_s > 0 else None, timeout_s=wait_s)
 
-    def _delay(self, call: Call, attempt: int, outcome: httpx.Response | httpx.TransportError) -> float | None:
-        """Seconds before retrying ``call`` after ``outcome``; None: do not retry."""
-        if attempt >= self.retry.attempts:
-            return None
-        if isinstance(outcome, httpx.TransportError):
-            unsent = isinstance(outcome, httpx.ConnectError | httpx.ConnectTimeout)
-            return self.retry.delay_s(attempt) if call.repeatable or unsent else None
-        if outcome.status_code not in (429, 503):
-            return None
-        return self.retry.delay_s(attempt, outcome.headers.get("retry-after"))
 
-    def _wait_call(self, job_id: str, wait_s: float) -> Call:
-        return Call(
-            "GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:.3f}"} if wait_s > 0 else None, timeout_s=wait_s
-        )
+def results_call(batch_id: str, offset: int) -> Call:
+    # Never filtered by the API (?status=): the offset counts every line, so a read cut off resumes exactly.
+    return Call("GET", batch_path(batch_id, "/results"), params={"offset": offset})
 
-    def _events_timeout(self) -> httpx.Timeout:
-        # The API sends a keep-alive comment every 15 s while the job runs.
-        return httpx.Timeout(self.timeout, read=max(self.timeout, 30.0))
+
+def events_timeout(timeout_s: float) -> httpx.Timeout:
+    # The API sends a keep-alive comment every 15 s while the job runs.
+    return httpx.Timeout(timeout_s, read=max(timeout_s, 30.0))
 
 
 def events_path(job_id: str) -> str:
