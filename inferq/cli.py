@@ -184,7 +184,7 @@ def _raise_open_files_limit() -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from shared import connections, shards
-    from shared.lifecycle.store import BLOCK_SLICE_S
+    from shared.lifecycle.claims import BLOCK_SLICE_S
     from shared.models import load_model_configs
     from shared.rqjson import check_rq_version, refuse_pickle
     from workers.batching import BatchWorker

@@ -19,7 +19,7 @@ from redis.client import Pipeline
 
 from shared import keys
 from shared.errors import NotFound
-from shared.lifecycle import layout, rqhash, store
+from shared.lifecycle import layout, rqhash, submit
 from shared.rqjson import JSONQueue
 from shared.settings import Settings
 
@@ -120,8 +120,8 @@ class Submission:
 
 def _new_job(
     settings: Settings, submission: Submission, job_id: str | None = None, waited: bool = False
-) -> store.NewJob:
-    """What ``store.enqueue`` writes for ``submission``: one place, so the sync and async submits agree.
+) -> submit.NewJob:
+    """What ``submit.enqueue`` writes for ``submission``: one place, so the sync and async submits agree.
 
     ``waited``: a request waits for its end, so the worker publishes its view with the end (``ended_view``).
     """
@@ -145,7 +145,7 @@ def _new_job(
     if submission.idempotency_key:
         key = keys.idempotency_key(submission.owner or "", submission.idempotency_key)
         idempotency = (key, f"{job_id} {submission.fingerprint}")
-    return store.NewJob(
+    return submit.NewJob(
         id=job_id,
         model=submission.model,
         lane=submission.lane,
@@ -168,17 +168,17 @@ def _new_job(
 def _existing(verdict: str, existing: str, submission: Submission) -> str | None:
     # The fingerprint hashes the whole input: only a duplicate Idempotency-Key needs it.
     fingerprint = submission.fingerprint if verdict == "dup" else ""
-    return store.check_enqueued(verdict, existing, fingerprint, submission.model)
+    return submit.check_enqueued(verdict, existing, fingerprint, submission.model)
 
 
-def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> store.Enqueued:
+def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> submit.Enqueued:
     """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
     new = _new_job(settings, submission)
-    verdict, existing, created_at = store.enqueue(queues.connection, new)
+    verdict, existing, created_at = submit.enqueue(queues.connection, new)
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
-        return store.read_enqueued(queues.connection, other_id)
-    return store.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
+        return submit.read_enqueued(queues.connection, other_id)
+    return submit.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
 
 
 async def enqueue_job_async(
@@ -188,18 +188,18 @@ async def enqueue_job_async(
     job_id: str | None = None,
     *,
     waited: bool = False,
-) -> store.Enqueued:
+) -> submit.Enqueued:
     """``enqueue_job`` on the API's ``redis.asyncio`` client: no thread per submit.
 
     ``job_id`` (from ``new_job_id``) lets a caller subscribe to the job's events before it exists;
     ``waited``: the caller waits for its end (``_new_job``).
     """
     new = _new_job(settings, submission, job_id, waited)
-    verdict, existing, created_at = await store.enqueue_async(connection, new)
+    verdict, existing, created_at = await submit.enqueue_async(connection, new)
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
-        return await store.read_enqueued_async(connection, other_id)
-    return store.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
+        return await submit.read_enqueued_async(connection, other_id)
+    return submit.Enqueued(new.id, "queued", created_at, created_at)  # one stamp, as ENQUEUE writes both
 
 
 def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -370,4 +370,4 @@ def _last_line(text: str | None) -> str | None:
 
 def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown."""
-    store.cancel(queues.connection, settings, job_id, owner)
+    submit.cancel(queues.connection, settings, job_id, owner)

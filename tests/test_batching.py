@@ -18,7 +18,7 @@ from rq.utils import utcformat
 from shared import keys
 from shared.errors import NotFound
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.lifecycle import store
+from shared.lifecycle import claims
 from shared.models import ModelConfig, TensorInput
 from shared.rqjson import JSONJob
 from shared.settings import Settings
@@ -159,14 +159,14 @@ def test_max_wait_is_measured_on_the_workers_clock_not_the_apis(
     redis.hset(JSONJob.key_for(job_id), "enqueued_at", utcformat(ahead))
     worker = BatchWorker({"echo": _runner(4)}, connection=redis, settings=settings, name="skew", max_wait_ms=50)
     loads = 0
-    pop = store.pop
+    pop = claims.pop
 
     def counted(*args: object) -> object:
         nonlocal loads
         loads += 1
         return pop(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store, "pop", counted)
+    monkeypatch.setattr(claims, "pop", counted)
     worker.work(burst=True)
     assert get_job_view(redis, job_id)["status"] == "finished"
     # Each poll sleeps 2 ms: about 25 polls fill 50 ms; the API's clock would have made it about 2,500.

@@ -14,7 +14,7 @@ from rq.serializers import DefaultSerializer
 from shared import keys
 from shared.errors import ConfigError, Conflict, NotFound
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.lifecycle import store
+from shared.lifecycle import submit
 from shared.rqjson import JSONJob, PickleRefused, check_rq_version, fetch_job, refuse_pickle
 from shared.settings import Settings
 from tests.counting import CountingConnection, counting_client
@@ -103,8 +103,8 @@ def test_the_canceled_registry_expires_with_the_jobs_it_names(
     first = [enqueue_job(queues, short, Submission("m", b"x", "image/png")).id for _ in range(20)]
     # The 20 cancels at one moment of the registry's clock: on a loaded machine they took over the 1 s TTL, and
     # a later cancel trimmed the earlier ones from the registry (as it should) before the count was read.
-    at = store.current_timestamp()
-    monkeypatch.setattr(store, "current_timestamp", lambda: at)
+    at = submit.current_timestamp()
+    monkeypatch.setattr(submit, "current_timestamp", lambda: at)
     for job_id in first:
         cancel_job(queues, short, job_id)
     monkeypatch.undo()

@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 
 from shared import keys
 from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, enqueue_job_async, get_job_view, new_job_id
-from shared.lifecycle import bulk, layout, scripts, store
+from shared.lifecycle import bulk, claims, layout, scripts
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.lifecycle.upload import BatchWriter
 from shared.rqjson import JSONJob
@@ -147,16 +147,16 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     held = _submit(redis, settings)
     queue = worker.queues[0]
     redis.lmove(queue.key, queue.intermediate_queue_key)
-    store.give_back_held(redis, layout.queue_keys(queue.name), [held])
+    claims.give_back_held(redis, layout.queue_keys(queue.name), [held])
     items = worker._start(queue, worker._collect(queue, held, 4))
-    store.give_back(redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name)
+    claims.give_back(redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name)
     stranded = _submit(redis, settings)  # popped, then its worker died
     redis.lrem(queue.key, 1, stranded)
     redis.rpush(queue.intermediate_queue_key, stranded)
     redis.set(queue.intermediate_queue.get_first_seen_key(stranded), time.time() - 120)
-    assert store.rescue_stuck(redis, queue) == [stranded]
-    store.announce_failed(redis, settings, [finished])
-    store.claim(redis, [queue.name, "inferq.other"], None)
+    assert claims.rescue_stuck(redis, queue) == [stranded]
+    claims.announce_failed(redis, settings, [finished])
+    claims.claim(redis, [queue.name, "inferq.other"], None)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"
@@ -279,7 +279,7 @@ def test_a_forced_stop_gives_back_only_what_this_worker_still_runs(redis: redis_
     redis.lmove(queue.key, queue.intermediate_queue_key)
     items = worker._start(queue, worker._collect(queue, ids[0], 4))
     cancel_job(QueueCache(redis), settings, ids[1])
-    back = store.give_back(
+    back = claims.give_back(
         redis, layout.queue_keys(queue.name), [(i.job.id, i.job.execution_id) for i in items], worker.name
     )
     assert back == [ids[0], ids[2]]

@@ -20,7 +20,7 @@ from api.app import create_app
 from api.routers import status as status_router
 from shared import keys, metrics
 from shared.jobs import QueueCache, cancel_job, get_job_view, new_job_id
-from shared.lifecycle import bulk, census, layout, store
+from shared.lifecycle import bulk, census, claims, layout
 from shared.lifecycle.bulk import BulkItem, NewBatch
 from shared.rqjson import JSONJob
 from shared.settings import Settings
@@ -67,8 +67,8 @@ def test_every_way_a_job_ends_is_counted_once_where_it_is_written(redis: redis_p
     redis.hset(keys.info_key(expired), "deadline", f"{time.time() - 1:.3f}")
     died = _submit(redis, settings, [3, 3])
     redis.hset(JSONJob.key_for(died), "status", "failed")  # as RQ's maintenance leaves a dead worker's job
-    assert store.announce_failed(redis, settings, [died]) == [died]
-    assert store.announce_failed(redis, settings, [died]) == []  # told once, counted once
+    assert claims.announce_failed(redis, settings, [died]) == [died]
+    assert claims.announce_failed(redis, settings, [died]) == []  # told once, counted once
 
     BatchWorker({"echo": _runner(16)}, connection=redis, settings=settings, name="counted").work(burst=True)
 

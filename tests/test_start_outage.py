@@ -18,7 +18,7 @@ import redis as redis_py
 
 from shared import keys
 from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
-from shared.lifecycle import store
+from shared.lifecycle import claims
 from shared.settings import Settings
 from tests.test_batching import _runner
 from workers import batching
@@ -58,9 +58,9 @@ def test_a_batch_whose_start_lost_redis_runs_once_redis_is_back(
 ) -> None:
     ids = [_submit(redis, settings, i) for i in range(6)]
     if lost == "reply":  # the start script ran; the worker never saw its answer
-        monkeypatch.setattr(batching.store, "started", _once(batching.store.started, before=False))
+        monkeypatch.setattr(batching.claims, "started", _once(batching.claims.started, before=False))
     else:  # the start never reached Redis
-        monkeypatch.setattr(batching.store, "start", _once(batching.store.start, before=True))
+        monkeypatch.setattr(batching.claims, "start", _once(batching.claims.start, before=True))
     monkeypatch.setattr(batching.time, "sleep", lambda s: None)
     worker = BatchWorker({"echo": _runner(max_batch=4)}, connection=redis, settings=settings, name="w")
     worker.work(burst=True)
@@ -108,7 +108,7 @@ def test_a_job_stranded_again_and_again_is_failed_once_it_was_put_back_the_limit
     """A payload that kills its worker while the batch is prepared ahead must not loop for ever."""
     job_id = _submit(redis, settings, 1, retries=0)
     cleaner = BatchWorker({"echo": _runner(max_batch=4)}, connection=redis, settings=settings, name="cleaner")
-    for _ in range(store.RESCUE_LIMIT):
+    for _ in range(claims.RESCUE_LIMIT):
         _strand(redis, cleaner, [job_id])
         assert get_job_view(redis, job_id)["status"] == "queued"
     _strand(redis, cleaner, [job_id])

@@ -35,9 +35,9 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from shared import durability, keys, metrics
 from shared.connections import is_unavailable
-from shared.lifecycle import bulk, finish, layout, store
+from shared.lifecycle import bulk, claims, finish, layout
+from shared.lifecycle.claims import Claimed
 from shared.lifecycle.queues import register_queues
-from shared.lifecycle.store import Claimed
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
 from workers.lanes import LanePolicy
@@ -174,12 +174,12 @@ class BatchWorker(SimpleWorker):
         would fail them; RQ's maintenance; the event and webhook its failures never sent (every end is told)."""
         try:
             for queue in self.queues:
-                if back := store.rescue_stuck(self.connection, queue):
+                if back := claims.rescue_stuck(self.connection, queue):
                     log.warning("worker %s: %d popped, never started job(s) put back: %s", self.name, len(back), back)
             super().clean_registries()
         finally:
             noted, self._abandoned = self._abandoned, []
-            store.announce_failed(self.connection, self.settings, noted)
+            claims.announce_failed(self.connection, self.settings, noted)
 
     def handle_job_failure(self, job: Any, queue: Any, started_job_registry: Any = None, exc_string: str = "") -> None:
         """RQ's intermediate-list cleanup fails a job stuck there (put back twice already) this way: tell them too.
@@ -189,7 +189,7 @@ class BatchWorker(SimpleWorker):
         if job.get_status(refresh=True) == JobStatus.CANCELED:
             return
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string)
-        store.announce_failed(self.connection, self.settings, [job.id])
+        claims.announce_failed(self.connection, self.settings, [job.id])
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
@@ -259,12 +259,12 @@ class BatchWorker(SimpleWorker):
         plan = self.lanes.plan()
         claimed = None
         if plan.anticipate:
-            claimed = store.claim(self.connection, plan.anticipate, None)
-            if claimed is None and store.any_waiting(self.connection, plan.bulk):
+            claimed = claims.claim(self.connection, plan.anticipate, None)
+            if claimed is None and claims.any_waiting(self.connection, plan.bulk):
                 with contextlib.suppress(DequeueTimeout):
-                    claimed = store.claim(self.connection, plan.anticipate, plan.anticipate_s, plan.block_on)
+                    claimed = claims.claim(self.connection, plan.anticipate, plan.anticipate_s, plan.block_on)
         if claimed is None:
-            claimed = store.claim(self.connection, plan.order, timeout, plan.block_on)
+            claimed = claims.claim(self.connection, plan.order, timeout, plan.block_on)
         if claimed is None:
             return None
         job_id, name = claimed
@@ -377,7 +377,7 @@ class BatchWorker(SimpleWorker):
         ttl_s = self.settings.heartbeat_ttl_s
         try:
             with self.connection.pipeline(transaction=False) as pipe:
-                store.keep_alive(pipe, qk, jobs, ttl_s, self._running_job_ttl_s())
+                claims.keep_alive(pipe, qk, jobs, ttl_s, self._running_job_ttl_s())
                 pipe.hset(self.key, "last_heartbeat", utcformat(now()))
                 pipe.expire(self.key, self.worker_ttl + 60)
                 pipe.execute()
@@ -387,7 +387,7 @@ class BatchWorker(SimpleWorker):
     def _give_back(self, items: list[Item], queue: Queue) -> None:
         """Put a batch that will not finish back at the front of its queue, as it was."""
         started = [(j.id, j.execution_id) for j in _jobs_of(items)]
-        back = store.give_back(self.connection, layout.queue_keys(queue.name), started, self.name)
+        back = claims.give_back(self.connection, layout.queue_keys(queue.name), started, self.name)
         log.warning("worker %s: cold shutdown; %d job(s) given back to %s", self.name, len(back), queue.name)
 
     def _take_back_lost(self) -> None:
@@ -395,14 +395,14 @@ class BatchWorker(SimpleWorker):
         if self._lost is None:
             return
         queue, job_ids, execution_ids = self._lost
-        back = store.give_back_lost(self.connection, layout.queue_keys(queue.name), job_ids, execution_ids, self.name)
+        back = claims.give_back_lost(self.connection, layout.queue_keys(queue.name), job_ids, execution_ids, self.name)
         self._lost = None
         log.warning("worker %s: %d job(s) whose start lost Redis given back to %s", self.name, len(back), queue.name)
 
     def _give_back_held(self, queue: Queue, job_ids: list[str]) -> None:
         """Put popped jobs that never started back at the front of their queue, in order (a prefetched batch is
         the prefetcher's to give back)."""
-        back = store.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
+        back = claims.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
     def _store(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
@@ -443,11 +443,11 @@ class BatchWorker(SimpleWorker):
         qk = layout.queue_keys(queue.name)
         if keys.is_chunk(first_id):
             return [first_id]  # a bulk chunk holds up to max_batch items: a batch of its own
-        job_ids = [first_id, *store.pop(self.connection, qk, max_batch - 1)]
+        job_ids = [first_id, *claims.pop(self.connection, qk, max_batch - 1)]
         self._held = (queue, job_ids)
         while len(job_ids) < max_batch and time.monotonic() < deadline and not self._stop_requested:
             time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
-            job_ids += store.pop(self.connection, qk, max_batch - len(job_ids))
+            job_ids += claims.pop(self.connection, qk, max_batch - len(job_ids))
             self._held = (queue, job_ids)
         return job_ids
 
@@ -460,13 +460,13 @@ class BatchWorker(SimpleWorker):
         heartbeat_ttl = self.settings.heartbeat_ttl_s
         qk = layout.queue_keys(queue.name)
         with self.connection.pipeline(transaction=True) as pipe:
-            call = store.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, self._running_job_ttl_s())
+            call = claims.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, self._running_job_ttl_s())
             # No current_job on the worker's hash: rq-dashboard reads that job with pickle whatever its
             # --json says, and its workers page fails on a JSON job. The started registry names the batch.
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             self.heartbeat(heartbeat_ttl, pipeline=pipe)
             self._lost = (queue, job_ids, call.execution_ids)  # until the reply is read: the start may have run
-            result = store.started(call, pipe.execute())
+            result = claims.started(call, pipe.execute())
             self._lost = None
         if result.events:  # expiries told once confirmed (INFERQ_DURABILITY); on failure their clients re-read
             self.outage.skip(

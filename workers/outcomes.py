@@ -10,8 +10,8 @@ from rq.utils import now
 
 from shared import metrics
 from shared.jobs import ended_view
+from shared.lifecycle.claims import Claimed
 from shared.lifecycle.finish import Outcome
-from shared.lifecycle.store import Claimed
 from shared.settings import Settings
 from workers.running import Item
 

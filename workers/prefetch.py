@@ -22,7 +22,7 @@ from redis import Redis
 from rq.queue import Queue
 
 from shared import keys
-from shared.lifecycle import layout, store
+from shared.lifecycle import claims, layout
 from workers.outage import Outage
 from workers.running import Item, ModelRunner, Prepared, prepare
 
@@ -132,8 +132,8 @@ class Prefetcher:
                 if keys.is_chunk(job_id):
                     return  # a bulk chunk: a batch of its own, prepared once started (its items are in it)
                 runner = self.runners[keys.model_from_queue(queue.name)]
-                ahead.job_ids += store.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
-            inputs = store.read_inputs(self.connection, ahead.job_ids)
+                ahead.job_ids += claims.pop(self.connection, layout.queue_keys(queue.name), runner.max_batch - 1)
+            inputs = claims.read_inputs(self.connection, ahead.job_ids)
             # The jobs are not started yet: the start script gives each its job; until then, no job.
             items = [Item(cast(Any, None), payload, content_type) for payload, content_type in inputs]
             prepared = prepare_aside(runner, items)
@@ -199,6 +199,6 @@ class Prefetcher:
 
     def _give_back(self, batch: Prefetched) -> None:
         """Popped jobs that never started back at the front of their queue, in order."""
-        back = store.give_back_held(self.connection, layout.queue_keys(batch.queue.name), batch.job_ids)
+        back = claims.give_back_held(self.connection, layout.queue_keys(batch.queue.name), batch.job_ids)
         name = batch.queue.name
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.worker_name, len(back), name)

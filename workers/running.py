@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from shared.errors import AppError, ConfigError
-from shared.lifecycle.store import Claimed
+from shared.lifecycle.claims import Claimed
 from shared.models import ModelConfig
 from workers.collation import CountMismatch, record_stream, signature
 from workers.handlers import Handler, load_handler

@@ -28,7 +28,7 @@ from shared.jobs import (
     public_status,
     view_from_event,
 )
-from shared.lifecycle.store import Enqueued
+from shared.lifecycle.submit import Enqueued
 from shared.urls import check_webhook_target_async
 from shared.view import JobView
 

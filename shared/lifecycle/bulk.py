@@ -20,7 +20,7 @@ from redis import Redis
 from rq.utils import current_timestamp, now, utcformat
 
 from shared import durability, keys
-from shared.lifecycle import bulk_scripts, layout, store
+from shared.lifecycle import bulk_scripts, calls, layout
 from shared.lifecycle.lua import CANCELED_LINE_TAIL, told
 from shared.lifecycle.upload import BatchWriter
 from shared.lifecycle.upload import BulkItem as BulkItem
@@ -140,7 +140,7 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     qk = layout.queue_keys(keys.queue_name(model.decode(), lane.decode()))
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
-    fixed += [*store.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
+    fixed += [*calls.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
     per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
     events: list[bytes] = []
     try:
@@ -164,7 +164,7 @@ def _cancel_slices(
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
         per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
         args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
-        args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *store.metrics_args()]
+        args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *calls.metrics_args()]
         args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
         reply, told_events = told(
             bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args, defer=durability.defers(settings))

@@ -1,6 +1,6 @@
 """The end of a batch: every result stored, registries moved, events published and webhooks queued, in one script.
 
-Split from ``store`` (every other step of a job's life), whose helpers it shares.
+The worker's last step (``claims`` holds the others); what its script is given beside its keys: ``calls``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, utcformat
 
 from shared import durability, keys, metrics
-from shared.lifecycle import layout, scripts
+from shared.lifecycle import calls, layout, scripts
+from shared.lifecycle.claims import Claimed
 from shared.lifecycle.layout import QueueKeys
 from shared.lifecycle.lua import told
-from shared.lifecycle.store import Claimed, _batch_keys, _template, _text, metrics_args, metrics_keys
 from shared.metrics import Increments
 from shared.settings import Settings
 
@@ -78,7 +78,7 @@ def finish(
                 layout.executions_key(job.id),
                 keys.webhook_attempts_key(job.id),
                 layout.delivery_key(job.id),
-                *_batch_keys(job.id),
+                *calls.batch_keys(job.id),
             ]
         )
         entries.append(_entry(outcome, worker_name, pipe, stamps))
@@ -87,9 +87,9 @@ def finish(
     total = metrics.merge([batch_metrics or {}, *(outcome.metrics for outcome in outcomes if outcome.metrics)])
     position = len(pipe)
     fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
-    fixed += metrics_keys(keys.model_from_queue(qk.name))
-    args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *metrics_args()]
-    args += [metrics.encode(batch_metrics or {}), metrics.encode(total), *_template(settings), *entries]
+    fixed += calls.metrics_keys(keys.model_from_queue(qk.name))
+    args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *calls.metrics_args()]
+    args += [metrics.encode(batch_metrics or {}), metrics.encode(total), *calls.delivery_args(settings), *entries]
     scripts.FINISH(pipe, fixed, per_job, args, defer=durability.defers(settings))
     return FinishCall(position)
 
@@ -98,7 +98,7 @@ def finished(call: FinishCall, replies: list[Any]) -> tuple[list[str], list[str]
     """(vanished, superseded) job ids of a finish queued with ``finish``, and the end events it left to its caller
     (``durability.release``: published once a replica has the results)."""
     (vanished, superseded), events = told(replies[call.position])
-    return [_text(i) for i in vanished], [_text(i) for i in superseded], events
+    return [calls.text(i) for i in vanished], [calls.text(i) for i in superseded], events
 
 
 def _entry(outcome: Outcome, worker_name: str, pipe: Pipeline, stamps: dict[datetime, str]) -> bytes:

@@ -31,7 +31,7 @@ from rq.utils import now, utcformat
 
 from shared import durability, keys
 from shared.errors import PayloadTooLarge
-from shared.lifecycle import bulk_scripts, layout, store
+from shared.lifecycle import bulk_scripts, layout, submit
 from shared.lifecycle.lua import told
 from shared.settings import Settings
 
@@ -90,7 +90,7 @@ class BatchWriter:
         self.live_s = window_s + settings.job_timeout_s + 60
         self.record_ttl_s = self.live_s + result_ttl_s
         self.info_ttl_s = self.live_s + max(result_ttl_s, settings.failure_ttl_s)
-        template = store.job_template(
+        template = submit.job_template(
             self.queue_name,
             model,
             window_s,

@@ -1,32 +1,27 @@
-"""Every write that moves a job through its life: enqueue, claim, start, keep alive, finish (``finish``), cancel,
-give back, and the announcement of ends that RQ itself wrote (failed by maintenance) or that nobody
-wrote (expired in the queue).
+"""The worker's side of a job's life, up to its finish (``finish``): claim the first waiting job of its lanes, pop
+more for the batch, start them, keep them alive, give back what it will not run, rescue what a dead worker
+stranded, and announce the ends RQ's own maintenance wrote (failed when a worker died).
 
-Each step is one named script (``scripts``) over declared keys (``layout``), so each is atomic:
-a cancel and a finish cannot both win, a vanished job is never re-created, and every end is told
-exactly once -- one event on ``keys.EVENTS_CHANNEL`` and, when the job has one, one webhook.
+Each step is one named script (``scripts``) over declared keys (``layout``), so each is atomic. The API's side:
+``submit``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from typing import Any, cast
 from uuid import uuid4
 
 from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from rq.exceptions import DequeueTimeout
-from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import durability, keys, metrics
-from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.lifecycle import layout, rqhash, scripts
+from shared import durability, keys
+from shared.lifecycle import calls, layout, rqhash, scripts
 from shared.lifecycle.layout import QueueKeys
 from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
 from shared.settings import Settings
@@ -36,199 +31,6 @@ MULTI_QUEUE_POLL_S = 0.02
 # How long an idle worker serving one model blocks on its interactive queue before it looks at the
 # bulk lane again: the most an idle worker adds to a bulk job's wait.
 BLOCK_SLICE_S = 0.5
-_TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed", "canceled": "canceled"}
-
-
-def _template(settings: Settings) -> tuple[Any, ...]:
-    return layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
-
-
-def metrics_args(at: float | None = None) -> list[Any]:
-    """The scripts' metrics group: totals TTL, window TTL, failures kept, their TTL, now."""
-    now_s = time.time() if at is None else at
-    return [metrics.TOTALS_TTL_S, metrics.WINDOW_TTL_S, metrics.FAILURES_KEPT, metrics.FAILURES_TTL_S, repr(now_s)]
-
-
-def metrics_keys(model: str, at: float | None = None) -> list[str]:
-    """A model's metrics totals, its current window and its recent failures."""
-    window = keys.metrics_window_key(model, metrics.window_start(at))
-    return [keys.metrics_key(model), window, keys.metrics_failures_key(model)]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-# -- the API's side -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Enqueued:
-    """A queued job as the submit answer shows it."""
-
-    id: str
-    status: str  # RQ's status
-    created_at: datetime | None
-    # When it last entered its queue: a client's "queued since" (a retried job's is its requeue).
-    enqueued_at: datetime | None
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """What ``enqueue`` writes for one job; ``shared.jobs`` builds it from a submission."""
-
-    id: str
-    model: str
-    lane: str
-    payload: bytes
-    info: dict[str, Any]
-    queue_ttl_s: int
-    live_s: int
-    info_ttl_s: int
-    result_ttl_s: int
-    failure_ttl_s: int
-    timeout_s: int
-    retries: int
-    description: str
-    max_queue_length: int
-    idempotency: tuple[str, str] | None = None  # (key, "<job id> <fingerprint>")
-    idempotency_ttl_s: int = 0
-
-
-@lru_cache(maxsize=1024)
-def job_template(
-    queue_name: str,
-    model: str,
-    queue_ttl_s: int,
-    result_ttl_s: int,
-    failure_ttl_s: int,
-    timeout_s: int,
-    retries: int,
-    description: str,
-) -> tuple[Any, ...]:
-    """RQ's job hash for these options, built once by RQ's own ``Job.to_dict()``, less its timestamps.
-
-    Every field RQ reads stays what RQ itself writes (``rq info``, ``Job.fetch``, rq-dashboard); what
-    differs between two jobs of the same options is only the job's key and its timestamps.
-    """
-    fields = layout.queued_job_fields(
-        queue_name,
-        layout.INFER_FUNC,
-        kwargs={"model": model},
-        ttl=queue_ttl_s,
-        result_ttl=result_ttl_s,
-        failure_ttl=failure_ttl_s,
-        timeout=timeout_s,
-        description=description,
-        # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
-        retry=Retry(max=retries) if retries else None,
-    )
-    return tuple(value for pair in fields.items() for value in pair)
-
-
-def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
-    """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
-    queue_name = keys.queue_name(new.model, new.lane)
-    template = job_template(
-        queue_name,
-        new.model,
-        new.queue_ttl_s,
-        new.result_ttl_s,
-        new.failure_ttl_s,
-        new.timeout_s,
-        new.retries,
-        new.description,
-    )
-    created_at = now()
-    stamp = utcformat(created_at)
-    info_flat = [value for pair in new.info.items() for value in pair]
-    qk = layout.queue_keys(queue_name)
-    idem_key, idem_value = new.idempotency or ("", "")
-    fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
-    args = [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
-    args += [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *template]
-    args += ["created_at", stamp, "enqueued_at", stamp]
-    return fixed, [[idem_key]] if idem_key else [], args, created_at
-
-
-def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
-    fixed, items, args, created_at = _enqueue_call(new)
-    verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
-    return _text(verdict), _text(existing), created_at
-
-
-async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments."""
-    fixed, items, args, created_at = _enqueue_call(new)
-    verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
-    return _text(verdict), _text(existing), created_at
-
-
-_ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at"]
-
-
-def _enqueued(job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None) -> Enqueued:
-    if status is None:
-        raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
-    return Enqueued(job_id, status.decode(), rqhash.parse_stamp(created), rqhash.parse_stamp(enqueued))
-
-
-def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
-    """An existing job as the submit answer shows it; NotFound once it expired."""
-    status, created, enqueued = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS))
-    return _enqueued(job_id, status, created, enqueued)
-
-
-async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
-    """``read_enqueued`` on a ``redis.asyncio`` client."""
-    reply = connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS)
-    status, created, enqueued = await cast(Awaitable[list[bytes | None]], reply)
-    return _enqueued(job_id, status, created, enqueued)
-
-
-def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
-    """The job id an Idempotency-Key already holds, or None for a new job; raises for a full queue or reuse."""
-    if verdict == "full":
-        raise QueueFull(f"the queue of model {model} is full; retry later")
-    if verdict != "dup":
-        return None
-    other_id, _, stored = existing.partition(" ")
-    if stored != fingerprint:
-        raise InvalidInput("this Idempotency-Key was used with a different request body")
-    return other_id
-
-
-def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
-    """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
-    if not keys.is_client_job(job_id):
-        raise NotFound(f"no job {job_id!r}")
-    hk = layout.hooks()
-    for _ in range(5):
-        origin = cast(bytes | None, connection.hget(layout.job_key(job_id), "origin"))
-        if origin is None:
-            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-        qk = layout.queue_keys(origin.decode())
-        job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
-        job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
-        job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
-        job_keys += metrics_keys(keys.model_from_queue(qk.name))[:2]
-        reply, events = told(
-            scripts.CANCEL(
-                connection,
-                job_keys,
-                args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
-                + [keys.EVENTS_CHANNEL, *metrics_args(), *_template(settings)],
-                defer=durability.defers(settings),
-            )
-        )
-        verdict = _text(reply[0])
-        if verdict == "ok":
-            durability.release(connection, settings, events)  # a cancel's 200 only once a replica has it
-            return
-        if verdict == "missing":
-            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-        if verdict == "conflict":
-            raise Conflict(f"job {job_id} is already {_TERMINAL_RQ.get(_text(reply[1]), _text(reply[1]))}")
-    raise Conflict(f"job {job_id} kept moving between queues; retry the cancel")
 
 
 def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str]) -> list[str]:
@@ -241,28 +43,28 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
         for i in job_ids:
             pipe.hget(layout.job_key(i), "origin")
         origins = cast(list[bytes | None], pipe.execute())
+    queues = [calls.text(origin or b"") for origin in origins]
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
-        + [keys.payload_key(i), *_batch_keys(i), *metrics_keys(keys.model_from_queue(_text(origin or b"")))]
-        + [keys.waiting_items_key(_text(origin or b""))]
-        for i, origin in zip(job_ids, origins, strict=True)
+        + [keys.payload_key(i), *calls.batch_keys(i), *calls.metrics_keys(keys.model_from_queue(queue))]
+        + [keys.waiting_items_key(queue)]
+        for i, queue in zip(job_ids, queues, strict=True)
     ]
     failed, events = told(
         scripts.ANNOUNCE_FAILED(
             connection,
             [hk.queue, layout.QUEUES_SET],
             per_job,
-            [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *metrics_args()]
-            + [*_template(settings)]
+            [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *calls.metrics_args()]
+            + [*calls.delivery_args(settings)]
             + list(job_ids),
             defer=durability.defers(settings),
         )
     )
     durability.release(connection, settings, events)
-    return [_text(i) for i in failed]
+    return [calls.text(i) for i in failed]
 
 
-# -- the worker's side --------------------------------------------------------------------------
 def claim(
     connection: Redis, queue_names: Sequence[str], timeout: float | None, block_on: str | None = None
 ) -> tuple[str, str] | None:
@@ -283,7 +85,7 @@ def claim(
         found = scripts.CLAIM_FIRST(connection, [], pairs)
         if found:
             position, found_id = found
-            return _text(found_id), queue_names[int(position) - 1]
+            return calls.text(found_id), queue_names[int(position) - 1]
         if timeout is None:
             return None
         left = deadline - time.monotonic()
@@ -295,7 +97,7 @@ def claim(
             slice_s: Any = max(0.01, min(left, BLOCK_SLICE_S))
             job_id = cast(bytes | None, connection.blmove(qk.queue, qk.intermediate, slice_s))
             if job_id is not None:
-                return _text(job_id), block_on
+                return calls.text(job_id), block_on
             continue
         time.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, MULTI_QUEUE_POLL_S)
@@ -311,7 +113,7 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     if want <= 0:
         return []
     args = [want, keys.CHUNK_PREFIX]
-    return [_text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
+    return [calls.text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
 
 
 def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:
@@ -325,17 +127,9 @@ def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes |
             pipe.hget(keys.info_key(job_id), "content_type")
         replies = pipe.execute()
     return [
-        (payload or None, _text(content_type) if content_type else "")
+        (payload or None, calls.text(content_type) if content_type else "")
         for payload, content_type in zip(replies[::2], replies[1::2], strict=True)
     ]
-
-
-def _batch_keys(job_id: str) -> list[str]:
-    """A chunk's batch record, result lines and webhook delivery; for a single job its info key, untouched."""
-    if keys.is_chunk(job_id):
-        batch_id = keys.batch_of_chunk(job_id)
-        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id), layout.delivery_key(batch_id)]
-    return [keys.info_key(job_id)] * 3
 
 
 @dataclass
@@ -398,17 +192,17 @@ def start(
             layout.executions_key(i),
             keys.webhook_attempts_key(i),
             layout.delivery_key(i),
-            *_batch_keys(i),
+            *calls.batch_keys(i),
         ]
         for i, e in zip(job_ids, execution_ids, strict=True)
     ]
     args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
     args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
-    args += [EXPIRED_LINE_TAIL, *metrics_args(), *_template(settings)]
+    args += [EXPIRED_LINE_TAIL, *calls.metrics_args(), *calls.delivery_args(settings)]
     for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
         args += [job_id, execution_id]
     position = len(pipe)
-    fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *metrics_keys(model)]
+    fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *calls.metrics_keys(model)]
     scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args, defer=durability.defers(settings))
     return StartCall(position, started_at, execution_ids)
 
@@ -421,7 +215,7 @@ def started(call: StartCall, replies: list[Any]) -> Started:
     rows, events = told(replies[call.position])
     out = Started(events=events)
     for row, execution_id in zip(rows, call.execution_ids, strict=True):
-        job_id, state = _text(row[0]), _text(row[1])
+        job_id, state = calls.text(row[0]), calls.text(row[1])
         if state != "started":
             {"dropped": out.dropped, "vanished": out.vanished, "expired": out.expired}[state].append(job_id)
             continue
@@ -434,9 +228,9 @@ def started(call: StartCall, replies: list[Any]) -> Started:
                 execution_id=execution_id,
                 started_at=call.started_at,
                 enqueued_at=rqhash.parse_stamp(raw.get("enqueued_at")),
-                timeout=_int(raw.get("timeout")),
-                result_ttl=_int(raw.get("result_ttl")),
-                failure_ttl=_int(raw.get("failure_ttl")),
+                timeout=calls.int_or_none(raw.get("timeout")),
+                result_ttl=calls.int_or_none(raw.get("result_ttl")),
+                failure_ttl=calls.int_or_none(raw.get("failure_ttl")),
                 payload=row[3] or None,
                 info=info,
             )
@@ -462,7 +256,7 @@ def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[tuple[str, str]],
     """Started jobs, as (id, execution id), back at the front of their queue, queued again; the ids given back."""
     if not jobs:
         return []
-    return [_text(i) for i in _give_back(connection, qk, jobs, worker_name)]
+    return [calls.text(i) for i in _give_back(connection, qk, jobs, worker_name)]
 
 
 def _give_back(client: Any, qk: QueueKeys, jobs: Sequence[tuple[str, str]], worker_name: str) -> Any:
@@ -486,14 +280,14 @@ def give_back_lost(
             _give_back(pipe, qk, list(zip(job_ids, execution_ids, strict=True)), worker_name)
         scripts.GIVE_BACK_HELD(pipe, [qk.queue, qk.intermediate], args=list(job_ids))
         replies = pipe.execute()
-    return [_text(i) for reply in replies for i in reply]
+    return [calls.text(i) for reply in replies for i in reply]
 
 
 def give_back_held(connection: Redis, qk: QueueKeys, job_ids: Sequence[str]) -> list[str]:
     """Popped jobs that never started back at the front of their queue, in order."""
     if not job_ids:
         return []
-    return [_text(i) for i in scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args=list(job_ids))]
+    return [calls.text(i) for i in scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args=list(job_ids))]
 
 
 # Times a job popped but never started is put back (see scripts.RESCUE); after that RQ's cleanup retries or fails it.
@@ -509,7 +303,3 @@ def rescue_stuck(connection: Redis, queue: Any) -> list[str]:
         if scripts.RESCUE(connection, [*job_keys, stuck.get_first_seen_key(job_id)], args=[job_id, RESCUE_LIMIT]):
             back.append(job_id)
     return back[::-1]
-
-
-def _int(value: bytes | None) -> int | None:
-    return int(value) if value else None

@@ -1,0 +1,198 @@
+"""The API's side of a job's life: enqueue (one script: the input, inferq's info and RQ's job hash, or the job an
+Idempotency-Key already made), read back what was enqueued, and cancel.
+
+Each step is one named script (``scripts``) over declared keys (``layout``), so each is atomic: a cancel and a
+finish cannot both win, a vanished job is never re-created, and every end is told exactly once -- one event on
+``keys.EVENTS_CHANNEL`` and, when the job has one, one webhook. The worker's side: ``claims`` and ``finish``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, cast
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from rq.job import Retry
+from rq.utils import current_timestamp, now, utcformat
+
+from shared import durability, keys
+from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from shared.lifecycle import calls, layout, rqhash, scripts
+from shared.lifecycle.lua import told
+from shared.settings import Settings
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """A queued job as the submit answer shows it."""
+
+    id: str
+    status: str  # RQ's status
+    created_at: datetime | None
+    # When it last entered its queue: a client's "queued since" (a retried job's is its requeue).
+    enqueued_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What ``enqueue`` writes for one job; ``shared.jobs`` builds it from a submission."""
+
+    id: str
+    model: str
+    lane: str
+    payload: bytes
+    info: dict[str, Any]
+    queue_ttl_s: int
+    live_s: int
+    info_ttl_s: int
+    result_ttl_s: int
+    failure_ttl_s: int
+    timeout_s: int
+    retries: int
+    description: str
+    max_queue_length: int
+    idempotency: tuple[str, str] | None = None  # (key, "<job id> <fingerprint>")
+    idempotency_ttl_s: int = 0
+
+
+@lru_cache(maxsize=1024)
+def job_template(
+    queue_name: str,
+    model: str,
+    queue_ttl_s: int,
+    result_ttl_s: int,
+    failure_ttl_s: int,
+    timeout_s: int,
+    retries: int,
+    description: str,
+) -> tuple[Any, ...]:
+    """RQ's job hash for these options, built once by RQ's own ``Job.to_dict()``, less its timestamps.
+
+    Every field RQ reads stays what RQ itself writes (``rq info``, ``Job.fetch``, rq-dashboard); what
+    differs between two jobs of the same options is only the job's key and its timestamps.
+    """
+    fields = layout.queued_job_fields(
+        queue_name,
+        layout.INFER_FUNC,
+        kwargs={"model": model},
+        ttl=queue_ttl_s,
+        result_ttl=result_ttl_s,
+        failure_ttl=failure_ttl_s,
+        timeout=timeout_s,
+        description=description,
+        # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
+        retry=Retry(max=retries) if retries else None,
+    )
+    return tuple(value for pair in fields.items() for value in pair)
+
+
+def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
+    """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
+    queue_name = keys.queue_name(new.model, new.lane)
+    template = job_template(
+        queue_name,
+        new.model,
+        new.queue_ttl_s,
+        new.result_ttl_s,
+        new.failure_ttl_s,
+        new.timeout_s,
+        new.retries,
+        new.description,
+    )
+    created_at = now()
+    stamp = utcformat(created_at)
+    info_flat = [value for pair in new.info.items() for value in pair]
+    qk = layout.queue_keys(queue_name)
+    idem_key, idem_value = new.idempotency or ("", "")
+    fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
+    args = [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
+    args += [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *template]
+    args += ["created_at", stamp, "enqueued_at", stamp]
+    return fixed, [[idem_key]] if idem_key else [], args, created_at
+
+
+def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
+    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
+    fixed, items, args, created_at = _enqueue_call(new)
+    verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
+    return calls.text(verdict), calls.text(existing), created_at
+
+
+async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, datetime | None]:
+    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments."""
+    fixed, items, args, created_at = _enqueue_call(new)
+    verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
+    return calls.text(verdict), calls.text(existing), created_at
+
+
+_ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at"]
+
+
+def _enqueued(job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None) -> Enqueued:
+    if status is None:
+        raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
+    return Enqueued(job_id, status.decode(), rqhash.parse_stamp(created), rqhash.parse_stamp(enqueued))
+
+
+def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
+    """An existing job as the submit answer shows it; NotFound once it expired."""
+    status, created, enqueued = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS))
+    return _enqueued(job_id, status, created, enqueued)
+
+
+async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
+    """``read_enqueued`` on a ``redis.asyncio`` client."""
+    reply = connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS)
+    status, created, enqueued = await cast(Awaitable[list[bytes | None]], reply)
+    return _enqueued(job_id, status, created, enqueued)
+
+
+def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
+    """The job id an Idempotency-Key already holds, or None for a new job; raises for a full queue or reuse."""
+    if verdict == "full":
+        raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict != "dup":
+        return None
+    other_id, _, stored = existing.partition(" ")
+    if stored != fingerprint:
+        raise InvalidInput("this Idempotency-Key was used with a different request body")
+    return other_id
+
+
+def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
+    """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
+    if not keys.is_client_job(job_id):
+        raise NotFound(f"no job {job_id!r}")
+    hk = layout.hooks()
+    for _ in range(5):
+        origin = cast(bytes | None, connection.hget(layout.job_key(job_id), "origin"))
+        if origin is None:
+            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+        qk = layout.queue_keys(origin.decode())
+        job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
+        job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
+        job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
+        job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
+        reply, events = told(
+            scripts.CANCEL(
+                connection,
+                job_keys,
+                args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
+                + [keys.EVENTS_CHANNEL, *calls.metrics_args(), *calls.delivery_args(settings)],
+                defer=durability.defers(settings),
+            )
+        )
+        verdict = calls.text(reply[0])
+        if verdict == "ok":
+            durability.release(connection, settings, events)  # a cancel's 200 only once a replica has it
+            return
+        if verdict == "missing":
+            raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+        if verdict == "conflict":
+            ended = calls.text(reply[1])
+            raise Conflict(f"job {job_id} is already {calls.TERMINAL_RQ.get(ended, ended)}")
+    raise Conflict(f"job {job_id} kept moving between queues; retry the cancel")
