@@ -15,6 +15,7 @@ import redis as redis_py
 
 from shared.redis_server import RedisServer
 from shared.settings import get_settings
+from tests.support.signals import kept_signal_handlers
 
 TESTS = Path(__file__).resolve().parent
 LANES = ("unit", "integration", "e2e")
@@ -87,6 +88,13 @@ def redis_client(redis_url: str) -> Iterator[redis_py.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _kept_signal_handlers() -> Iterator[None]:
+    """An in-process RQ worker's SIGINT and SIGTERM handlers end with its test (tests/support/signals.py)."""
+    with kept_signal_handlers():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import json
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -111,17 +111,6 @@ def _worker(redis: redis_py.Redis, redis_url: str, overlap: str, name: str) -> t
     return worker, handler
 
 
-@pytest.fixture
-def keep_signals() -> Iterator[None]:
-    """RQ's stop handlers replace the test process's own: put them back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
 def test_overlap_is_on_by_default_only_on_a_cuda_device(redis: redis_py.Redis, redis_url: str) -> None:
     assert not _worker(redis, redis_url, "auto", "auto-cpu")[0].overlap
     assert _worker(redis, redis_url, "on", "on-cpu")[0].overlap
@@ -190,9 +179,7 @@ def test_a_job_canceled_while_prefetched_is_dropped_and_the_rest_run_once(
     assert redis.llen(f"{QUEUE}:intermediate") == 0
 
 
-def test_a_stop_gives_the_prefetched_batch_back_unstarted(
-    redis: redis_py.Redis, redis_url: str, keep_signals: None
-) -> None:
+def test_a_stop_gives_the_prefetched_batch_back_unstarted(redis: redis_py.Redis, redis_url: str) -> None:
     settings = Settings(redis_url=redis_url)
     ids = _submit(redis, settings, 10)
     worker, handler = _worker(redis, redis_url, "on", "overlap-stop")
@@ -219,7 +206,7 @@ def test_a_stop_gives_the_prefetched_batch_back_unstarted(
 
 
 def test_a_forced_stop_gives_back_the_running_batch_then_the_prefetched_one(
-    redis: redis_py.Redis, redis_url: str, keep_signals: None
+    redis: redis_py.Redis, redis_url: str
 ) -> None:
     settings = Settings(redis_url=redis_url)
     ids = _submit(redis, settings, 10)
