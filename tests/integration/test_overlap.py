@@ -83,7 +83,8 @@ class Recorder(TensorHandler):
         return batch * 1.0
 
 
-def _runner() -> ModelRunner:
+def _runner(device: str = "cpu") -> ModelRunner:
+    """A Recorder runner; ``device`` is only what it reports (the handler always runs on the CPU)."""
     config = ModelConfig(
         name="rec",
         path=Path("."),
@@ -93,7 +94,7 @@ def _runner() -> ModelRunner:
     )
     handler = Recorder(config, torch.device("cpu"))
     handler.load()
-    return ModelRunner(config, handler, torch.device("cpu"), MAX_BATCH)
+    return ModelRunner(config, handler, torch.device(device), MAX_BATCH)
 
 
 def _submit(redis: redis_py.Redis, settings: Settings, count: int) -> list[str]:
@@ -102,9 +103,11 @@ def _submit(redis: redis_py.Redis, settings: Settings, count: int) -> list[str]:
     return [enqueue_job(queues, settings, Submission("rec", p, "application/json")).id for p in payloads]
 
 
-def _worker(redis: redis_py.Redis, redis_url: str, overlap: str, name: str) -> tuple[BatchWorker, Recorder]:
+def _worker(
+    redis: redis_py.Redis, redis_url: str, overlap: str, name: str, device: str = "cpu"
+) -> tuple[BatchWorker, Recorder]:
     settings = Settings(redis_url=redis_url, overlap=overlap)  # type: ignore[arg-type]
-    runner = _runner()
+    runner = _runner(device)
     worker = BatchWorker({"rec": runner}, connection=redis, settings=settings, name=name)
     handler = runner.handler
     assert isinstance(handler, Recorder)
@@ -112,6 +115,9 @@ def _worker(redis: redis_py.Redis, redis_url: str, overlap: str, name: str) -> t
 
 
 def test_overlap_is_on_by_default_only_on_a_cuda_device(redis: redis_py.Redis, redis_url: str) -> None:
+    # A runner whose device reports cuda needs no GPU: the worker decides by the device its runners report.
+    assert _worker(redis, redis_url, "auto", "auto-cuda", device="cuda")[0].overlap
+    assert not _worker(redis, redis_url, "off", "off-cuda", device="cuda")[0].overlap
     assert not _worker(redis, redis_url, "auto", "auto-cpu")[0].overlap
     assert _worker(redis, redis_url, "on", "on-cpu")[0].overlap
     assert not _worker(redis, redis_url, "off", "off-cpu")[0].overlap
