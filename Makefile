@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint bench docs clean
+.PHONY: setup run test test-fast lint bench docs clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,10 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest
 	INFERQ_REDIS_SERVER=valkey $(BIN)/python -m pytest -m redis_facing
+
+# Day to day: the unit and integration lanes (tests/unit, tests/integration), no processes started.
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit tests/integration
 
 lint: setup
 	$(BIN)/ruff check api shared workers inferq tests docs/hooks.py

@@ -29,7 +29,7 @@ from bench.procs import Processes, wait_http
 from shared.redis_server import RedisServer, free_port
 
 ONE = {
-    "handler": "tests.support:SlowEcho",
+    "handler": "tests.support.echo:SlowEcho",
     "weights": "none",
     "input": {"kind": "tensor", "shape": [2]},
     "max_batch": 1,
@@ -39,7 +39,7 @@ WIDE_NUMBERS = 2000
 # Script calls: Redis counts a script's own commands under their names too, so only these are told apart.
 SENT = {"cmdstat_eval", "cmdstat_evalsha"}
 WIDE = {
-    "handler": "tests.support:SlowEcho",
+    "handler": "tests.support.echo:SlowEcho",
     "weights": "none",
     "input": {"kind": "tensor", "shape": [WIDE_NUMBERS]},
     "max_batch": 64,

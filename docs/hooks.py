@@ -5,7 +5,7 @@
   written for GitHub (``docs/api.md``, ``../README.md``) and rewritten here for the site.
 - docs/configuration.md's table of settings is generated from ``Settings``' own field descriptions.
   ``python docs/hooks.py`` rewrites it; a build whose page differs from what ``Settings`` says warns, so
-  ``mkdocs build --strict`` (``make docs``, tests/test_docs_site.py) fails until it is regenerated.
+  ``mkdocs build --strict`` (``make docs``, tests/e2e/test_docs_site.py) fails until it is regenerated.
 """
 
 from __future__ import annotations

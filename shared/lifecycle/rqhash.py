@@ -1,6 +1,6 @@
 """RQ's storage layout, read: the fields of RQ's job hash a view shows, a result stream entry, RQ's timestamps.
 
-The one place outside RQ that parses what RQ stores (tests/test_job_view_fields.py holds each parse to RQ's
+The one place outside RQ that parses what RQ stores (tests/unit/test_job_view_fields.py holds each parse to RQ's
 own ``Job.restore`` / ``Result.restore``); the rest of inferq reads jobs through ``shared.jobs``.
 """
 

@@ -1,0 +1,210 @@
+"""`inferq up` stopped as a terminal stops it, killed outright, and started again on the same data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_py
+
+from inferq.leftovers import process_alive
+from shared.redis_server import RedisServer, free_port
+from tests.support.models import ROOT
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+SLOW_MODEL = {
+    "handler": "tests.support.echo:SlowEcho",
+    "weights": "none",
+    "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+    "max_batch": 8,
+}
+
+
+class Up:
+    """One `inferq up` in its own process group, as a shell runs a foreground job."""
+
+    def __init__(self, tmp: Path, **env: str) -> None:
+        models = tmp / "models"
+        (models / "slow").mkdir(parents=True, exist_ok=True)
+        (models / "slow" / "config.json").write_text(json.dumps(SLOW_MODEL))
+        self.tmp = tmp
+        self.port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")} | {
+            "INFERQ_PORT": str(self.port),
+            "INFERQ_DATA_DIR": str(tmp / "state"),
+            "INFERQ_MODELS_DIR": str(models),
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self.runs = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmp / f"up.{self.runs}.log"
+
+    def start(self) -> None:
+        self.runs += 1
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "inferq", "up"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        # This run's own worker has registered (a stale registration would answer readyz too).
+        wait_until(lambda: "Listening on inferq.slow" in self.log(), 90, "this run's worker")
+        wait_until(lambda: self.workers() is not None, 30, "the API")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def redis_url(self) -> str:
+        found = re.search(r"Redis:\s+(redis://127\.0\.0\.1:\d+/0)", self.log())
+        assert found, self.log()
+        return found.group(1)
+
+    def workers(self) -> dict[str, int] | None:
+        try:
+            response = httpx.get(f"{self.base}/readyz", timeout=2)
+        except httpx.HTTPError:
+            return None
+        return response.json()["workers"] if response.status_code == 200 else None
+
+    def ctrl_c(self) -> int:
+        """SIGINT to the whole foreground process group, as the terminal sends it; the exit status."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGINT)
+        return self.proc.wait(timeout=120)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Any:
+    running = Up(tmp_path, INFERQ_TEST_SLOW_S="3")
+    try:
+        yield running
+    except BaseException:
+        print(running.log())
+        raise
+    finally:
+        running.close()
+
+
+def _view(up: Up, job_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{up.base}/v1/jobs/{job_id}", timeout=5)
+    assert response.status_code == 200, response.text
+    view: dict[str, Any] = response.json()
+    return view
+
+
+def test_ctrl_c_lets_the_running_batch_finish_and_stops_redis_last(up: Up) -> None:
+    up.start()
+    redis_url = up.redis_url()
+    response = httpx.post(f"{up.base}/v1/models/slow/jobs", json={"inputs": [1, 2]}, timeout=10)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    wait_until(lambda: _view(up, job_id)["status"] == "started", 30, "the batch to start")
+    started_at = _view(up, job_id)["started_at"]
+
+    assert up.ctrl_c() == 0
+    first = up.log()
+    assert "Traceback" not in first, first
+    assert "cannot store" not in first and "could not connect to Redis" not in first, first
+    assert "inferq stopped." in first
+    # What the stop left in Redis's data: no worker listed, no scheduler lock held.
+    with (
+        RedisServer(up.tmp / "state" / "redis", stable_port=True) as server,
+        redis_py.Redis.from_url(server.url) as client,
+    ):
+        assert client.smembers("rq:workers") == set()
+        assert client.keys("rq:scheduler-lock:*") == []
+
+    # Started again on the same data: the same Redis URL, and the job ended once, with its result.
+    up.start()
+    assert up.redis_url() == redis_url
+    # The clean stop unregistered its workers and released the scheduler's lock: nothing to clear.
+    assert "cleared what a run that did not stop left in Redis" not in up.log()
+    view = _view(up, job_id)
+    assert view["status"] == "finished", view
+    assert view["result"] == {"output": [1.0, 2.0]}
+    assert view["started_at"] == started_at  # it did not run again
+    # The worker of the first run unregistered when it stopped: only this run's is listed.
+    assert up.workers() == {"slow": 1}
+    # The printed command works as pasted.
+    (command,) = re.findall(r"queues:\s+(.+)", up.log())
+    assert command.endswith(f"info -u {redis_url}")
+    done = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "inferq.slow" in done.stdout
+    assert up.ctrl_c() == 0
+    assert "Traceback" not in up.log()
+
+
+def _descendants(root: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True, check=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines()[1:]:
+        pid, ppid = (int(n) for n in line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def test_a_killed_stack_leaves_no_workers_or_scheduler_lock_behind_at_the_next_start(up: Up) -> None:
+    up.start()
+    client = redis_py.Redis.from_url(up.redis_url())
+    lock = "rq:scheduler-lock:inferq.webhooks"
+    wait_until(lambda: client.exists(lock), 30, "the webhook scheduler's lock")
+    old_lock = client.get(lock)
+    client.close()
+    # As a power cut or an OOM kill would: every process of the stack stops at once, nothing unregisters.
+    assert up.proc is not None
+    pids = _descendants(up.proc.pid)
+    assert len(pids) >= 5  # supervisor, redis, api, worker, webhooks (+ its scheduler)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            os.kill(pid, sig)
+    up.proc.wait()
+
+    up.start()
+    client = redis_py.Redis.from_url(up.redis_url())
+    try:
+        assert up.workers() == {"slow": 1}
+        for key in client.smembers("rq:workers"):
+            assert process_alive(int(client.hget(key, "pid") or 0), None), key
+        # The new sender's scheduler holds the lock now, not the dead one (whose lock lasted a minute).
+        wait_until(lambda: client.get(lock) not in (None, old_lock), 30, "the new scheduler to take the lock")
+        owner = client.hget(f"rq:scheduler:{client.get(lock).decode()}", "pid")  # type: ignore[union-attr]
+        assert process_alive(int(owner or 0), None)
+    finally:
+        client.close()
+    assert "cleared what a run that did not stop left in Redis: workers slow." in up.log()
+    assert up.ctrl_c() == 0

@@ -1,0 +1,115 @@
+"""The status page at GET / in a real headless browser (Debian's chromium), against a real stack with API keys.
+
+Set INFERQ_STATUS_SCREENSHOT=docs/status-page.png to save the screenshot the docs show (the run then keeps the
+load going a little longer, so the charts have more to draw).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.stack import Stack, new_stack, serving
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(
+        "Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium); "
+        "playwright is used with it and never downloads a browser",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip("playwright.sync_api", reason="the dev extra's playwright is not installed")
+
+KEY = "status-page-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODELS = ["digits", "digits-batch", "fragile", "slow"]
+
+
+@contextmanager
+def load(stack: Stack, pngs: list[bytes]) -> Iterator[None]:
+    """Digits jobs submitted without pause, and now and then one the fragile model fails, until the block ends."""
+    stop = threading.Event()
+
+    def submit() -> None:
+        with httpx.Client(base_url=stack.base, headers=AUTH, timeout=10) as client:
+            sent = 0
+            while not stop.is_set():
+                png = pngs[sent % len(pngs)]
+                client.post("/v1/models/digits/jobs", files={"file": ("d.png", png, "image/png")})
+                if sent % 40 == 0:
+                    client.post("/v1/models/fragile/jobs", json={"inputs": [666.0, 666.0]})
+                sent += 1
+                stop.wait(0.01)
+
+    threads = [threading.Thread(target=submit, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=15)
+
+
+def test_the_page_shows_the_models_and_runs_a_digit_through_the_playground(
+    tmp_path: Path, digits_heldout: tuple[Any, Any]
+) -> None:
+    pngs, _ = digits_heldout
+    digit = tmp_path / "digit.png"
+    digit.write_bytes(pngs[3])
+    screenshot = os.environ.get("INFERQ_STATUS_SCREENSHOT")
+    with serving(new_stack(tmp_path / "stack", INFERQ_API_KEYS=KEY, INFERQ_TEST_SLOW_S="0")) as stack:
+        stack.start_api()
+        stack.start_worker("digits", "fragile")
+        stack.wait_for_worker("digits")
+        assert httpx.get(f"{stack.base}/v1/status").status_code == 401  # nothing shown without a key
+        expected = httpx.post(
+            f"{stack.base}/v1/models/digits/jobs",
+            files={"file": ("d.png", pngs[3], "image/png")},
+            headers={**AUTH, "Prefer": "wait=30"},
+            timeout=40,
+        ).json()["result"]["label"]
+
+        with load(stack, pngs[:50]), sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            requested: list[str] = []
+            page.on("request", lambda request: requested.append(request.url))
+            page.goto(f"{stack.base}/")
+            expect = sync_api.expect
+            expect(page.locator("#notice")).to_contain_text("needs a key")
+            expect(page.locator("[data-model]")).to_have_count(0)
+
+            page.fill("#api-key", KEY)
+            page.click("#key-form button[type=submit]")
+            expect(page.locator("[data-model]")).to_have_count(len(MODELS), timeout=15_000)
+            assert [page.locator("[data-model]").nth(i).get_attribute("data-model") for i in range(4)] == MODELS
+            expect(page.locator("#summary")).to_contain_text("durability async")  # what a 202 promises
+            card = page.locator('[data-model="digits"]')
+
+            card.locator(".playground input[type=file]").set_input_files(digit)
+            card.locator(".playground button[type=submit]").click()
+            expect(card.locator(".timeline li.finished")).to_be_visible(timeout=30_000)
+            expect(card.locator(".job-result-label")).to_have_text(expected)
+            steps = card.locator(".timeline li").all_inner_texts()
+            assert steps[0] == "queued" and steps[-1] == "finished" and "failed" not in steps
+
+            # The charts and figures fill once a 10 s window has closed with jobs in it.
+            expect(card.locator(".throughput")).not_to_have_text("0.00", timeout=40_000)
+            expect(card.locator(".batch")).not_to_have_text("–")
+            expect(page.locator('[data-model="fragile"] .failures li').first).to_contain_text("ModelError")
+            if screenshot:
+                page.wait_for_timeout(40_000)  # more windows on the charts
+            page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
+            if screenshot:
+                page.screenshot(path=screenshot, full_page=True)
+            browser.close()
+        assert requested and all(url.startswith(stack.base) for url in requested), requested

@@ -1,0 +1,262 @@
+"""The runner: collate, isolation, out-of-memory halving, token budgets and ragged outputs; no Redis."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import torch
+
+from shared.errors import InvalidInput
+from shared.models import load_model_config
+from tests.support.builders import Ragged, gray_png, sentences, write_bert, write_config, write_fixed_batch_cnn
+from workers.collation import pad_sequences, split, stack
+from workers.handlers import Handler
+from workers.running import Item, ModelRunner, load_runner, run_batch
+
+CPU = torch.device("cpu")
+TENSOR_4 = {"kind": "tensor", "shape": [4], "dtype": "float32"}
+
+
+def _items(payloads: list[bytes], content_type: str = "application/json") -> list[Item]:
+    return [
+        Item(cast(Any, SimpleNamespace(id=f"job-{i}")), payload, content_type) for i, payload in enumerate(payloads)
+    ]
+
+
+def _runner(tmp_path: Path, handler: str, max_batch: int = 64, **config: Any) -> ModelRunner:
+    folder = write_config(tmp_path / "m", handler=handler, weights="none", max_batch=max_batch, **config)
+    return load_runner(load_model_config(folder), CPU, max_batch)
+
+
+class Counting(Handler):
+    """Default collate (stack) on variable-length items: the case that used to run at batch size 1."""
+
+    def load(self) -> None:
+        self.collates = self.forwards = 0
+        self.model = lambda batch: batch.sum(dim=-1, keepdim=True)
+
+    def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
+        return torch.tensor(json.loads(payload)["inputs"], dtype=torch.float32)
+
+    def collate(self, items: list[Any]) -> Any:
+        self.collates += 1
+        if any(bool((item < 0).any()) for item in items):
+            raise InvalidInput("negative values cannot be batched")  # collates with nothing, not even alone
+        return super().collate(items)
+
+    def predict(self, batch: Any) -> Any:
+        self.forwards += 1
+        return super().predict(batch)
+
+
+class Padding(Counting):
+    def collate(self, items: list[Any]) -> Any:
+        self.collates += 1
+        return pad_sequences(items)
+
+
+class OutOfMemoryAbove(Counting):
+    """Raises what CUDA raises when the batch is over 3 items."""
+
+    def predict(self, batch: Any) -> Any:
+        self.forwards += 1
+        if len(batch) > 3:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.model(batch)
+
+
+class WrongCount(Counting):
+    def uncollate(self, outputs: Any, n: int) -> list[Any]:
+        return list(outputs)[:-1]
+
+
+def _payloads(rows: list[list[Any]]) -> list[bytes]:
+    return [json.dumps({"inputs": row}).encode() for row in rows]
+
+
+def test_a_padding_handler_runs_variable_lengths_as_one_batch(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "tests.unit.test_running:Padding", input=TENSOR_4)
+    items = _items(_payloads([[1.0] * n for n in range(1, 9)]))
+    run_batch(runner, items)
+    handler = cast(Padding, runner.handler)
+    assert (handler.collates, handler.forwards) == (1, 1)
+    assert [item.output for item in items] == [{"output": [float(n)]} for n in range(1, 9)]
+
+
+def test_items_of_different_shapes_run_by_shape_not_one_by_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = _runner(tmp_path, "tests.unit.test_running:Counting", input=TENSOR_4)
+    lengths = [2, 3, 2, 3, 2, 3, 2, 3]
+    items = _items(_payloads([[1.0] * n for n in lengths]))
+    with caplog.at_level(logging.WARNING):
+        run_batch(runner, items)
+    handler = cast(Counting, runner.handler)
+    # One failed collate, eight single-item checks, then one batch per shape: two forward passes, not eight.
+    assert handler.forwards == 2
+    assert [item.output for item in items] == [{"output": [float(n)]} for n in lengths]
+    assert "cannot batch items of different shapes" in caplog.text
+    assert runner.warned_shapes
+
+
+def test_an_item_that_cannot_be_collated_fails_alone(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "tests.unit.test_running:Counting", input=TENSOR_4)
+    items = _items(_payloads([[1.0, 2.0], [-1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    run_batch(runner, items)
+    assert items[1].error == "could not batch this input: negative values cannot be batched"
+    assert [items[i].output for i in (0, 2, 3)] == [{"output": [3.0]}, {"output": [7.0]}, {"output": [11.0]}]
+    assert cast(Counting, runner.handler).forwards == 1
+
+
+def test_out_of_memory_halves_the_batch_and_lowers_the_ceiling(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = _runner(tmp_path, "tests.unit.test_running:OutOfMemoryAbove", max_batch=16, input=TENSOR_4)
+    items = _items(_payloads([[float(i)] for i in range(12)]))
+    with caplog.at_level(logging.WARNING):
+        run_batch(runner, items)
+    assert [item.error for item in items] == [None] * 12
+    assert [item.output for item in items] == [{"output": [float(i)]} for i in range(12)]
+    assert runner.max_batch == 3  # 12 -> 6 -> 3: remembered, so later pops take at most 3
+    assert "out of memory at batch 12; batch ceiling lowered to 6" in caplog.text
+    assert "out of memory at batch 6; batch ceiling lowered to 3" in caplog.text
+    handler = cast(OutOfMemoryAbove, runner.handler)
+    forwards_before = handler.forwards
+    more = _items(_payloads([[1.0]] * 7))
+    run_batch(runner, more)
+    assert handler.forwards - forwards_before == 3  # 3 + 3 + 1 within the ceiling, no failing pass
+    assert all(item.error is None for item in more)
+
+
+def test_a_model_exported_for_batches_of_one_runs_them_without_blaming_the_data(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to fail every batch, bisect it ("splitting to isolate the bad item") and run each item alone."""
+    folder = write_fixed_batch_cnn(tmp_path / "fixed")
+    with caplog.at_level(logging.INFO, logger="workers"):
+        runner = load_runner(load_model_config(folder), CPU, 8)
+        items = _items([gray_png(seed) for seed in range(5)], "image/png")
+        report = run_batch(runner, items)
+    assert runner.max_batch == 1
+    assert report.forwards == 5  # one pass per item, none failing
+    assert [item.error for item in items] == [None] * 5
+    assert [item.output for item in items] == [
+        runner.handler.run([(gray_png(seed), "image/png")])[0] for seed in range(5)
+    ]
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert warnings == [
+        "model 'fixed' takes one item at a time: a batch of 2 fails (AssertionError: Guard failed: x.size()[0] == 1) "
+        "where one item runs, so it is served at batch 1, not 8. Its batch axis was fixed when it was exported; "
+        "to batch, export it with a dynamic one: torch.export.export(model, args, "
+        'dynamic_shapes=({0: torch.export.Dim("batch")},)), which workers.formats.save_export does'
+    ]
+
+
+def test_an_uncollate_count_mismatch_fails_the_batch_readably(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "tests.unit.test_running:WrongCount", input=TENSOR_4)
+    items = _items(_payloads([[1.0, 2.0]] * 4))
+    run_batch(runner, items)
+    assert cast(WrongCount, runner.handler).forwards == 1  # no bisecting a handler bug
+    assert {item.error for item in items} == {
+        "the model's outputs could not be matched to its inputs: "
+        "CountMismatch: uncollate returned 3 outputs for 4 inputs"
+    }
+
+
+def test_ragged_outputs_differ_in_size_per_item(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "tests.support.builders:Ragged", input={"kind": "json"})
+    Ragged.calls.update(collate=0, predict=0)
+    rows = [[0.1, 0.9, 0.7], [0.2], [0.6, 0.6, 0.6, 0.6, 0.1]]
+    items = _items([json.dumps({"values": row}).encode() for row in rows])
+    run_batch(runner, items)
+    assert [item.output for item in items] == [
+        {"kept": [pytest.approx(1.8), pytest.approx(1.4)], "count": 2},
+        {"kept": [], "count": 0},
+        {"kept": [pytest.approx(1.2)] * 4, "count": 4},
+    ]
+    assert Ragged.calls == {"collate": 1, "predict": 1}
+
+
+def test_default_stack_and_split_handle_dicts_and_lists() -> None:
+    items = [{"a": torch.ones(2), "b": torch.zeros(3)}, {"a": torch.zeros(2), "b": torch.ones(3)}]
+    batch = stack(items)
+    assert batch["a"].shape == (2, 2) and batch["b"].shape == (2, 3)
+    back = split(batch, 2)
+    assert torch.equal(back[1]["b"], torch.ones(3))
+    assert stack(["x", "y"]) == ["x", "y"]
+    assert split([torch.ones(1), torch.ones(5)], 2)[1].shape == (5,)
+    assert split(torch.ones(4, 2, dtype=torch.bfloat16), 4)[0].dtype == torch.float32
+    padded = pad_sequences(
+        [{"ids": torch.tensor([5, 6, 7]), "mask": torch.ones(3)}, {"ids": torch.tensor([5]), "mask": torch.ones(1)}],
+        {"ids": 9},
+    )
+    assert padded["ids"].tolist() == [[5, 6, 7], [5, 9, 9]]
+    assert padded["mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bert")
+    write_bert(folder / "hf")
+    return folder
+
+
+def _text_runner(root: Path, tmp_path: Path, **extra: Any) -> ModelRunner:
+    folder = tmp_path / "text"
+    folder.mkdir(parents=True)
+    (folder / "hf").symlink_to(root / "hf")
+    write_config(folder, handler="text_classifier", format="huggingface", weights="hf", input={"kind": "text"}, **extra)
+    config = load_model_config(folder)
+    return load_runner(config, CPU, config.max_batch)
+
+
+def test_text_results_are_the_same_alone_and_in_a_padded_batch(bert_folder: Path, tmp_path: Path) -> None:
+    runner = _text_runner(bert_folder, tmp_path, max_batch=64, top_k=2)
+    texts = sentences(24, seed=3, max_words=30)
+    alone = []
+    for text in texts:
+        (item,) = _items([text.encode()], "text/plain; charset=utf-8")
+        run_batch(runner, [item])
+        alone.append(item.output)
+    batch = _items([t.encode() for t in texts], "text/plain; charset=utf-8")
+    report = run_batch(runner, batch)
+    assert report.forwards == 1 and report.padding_waste > 0.3  # lengths really differ
+    for single, batched in zip(alone, batch, strict=True):
+        assert batched.output["label"] == single["label"]
+        for a, b in zip(single["top_k"], batched.output["top_k"], strict=True):
+            assert a["label"] == b["label"] and abs(a["score"] - b["score"]) <= 1e-4
+
+
+def test_max_batch_tokens_groups_similar_lengths(bert_folder: Path, tmp_path: Path) -> None:
+    runner = _text_runner(bert_folder, tmp_path, max_batch=64, max_batch_tokens=256)
+    texts = [*sentences(20, seed=5, min_words=1, max_words=3), *sentences(4, seed=6, min_words=35, max_words=40)]
+    unbudgeted = _text_runner(bert_folder, tmp_path / "x", max_batch=64)
+    plain = _items([t.encode() for t in texts], "text/plain")
+    budgeted = _items([t.encode() for t in texts], "text/plain")
+    plain_report = run_batch(unbudgeted, plain)
+    report = run_batch(runner, budgeted)
+    assert plain_report.forwards == 1 and report.forwards >= 2
+    assert report.padded_tokens < plain_report.padded_tokens / 2  # short texts no longer pay for the long ones
+    assert report.tokens == plain_report.tokens
+    for a, b in zip(plain, budgeted, strict=True):
+        assert a.output["label"] == b.output["label"]
+
+
+def test_half_precision_gives_the_same_labels(bert_folder: Path, tmp_path: Path) -> None:
+    texts = sentences(16, seed=8)
+    labels = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        runner = _text_runner(bert_folder, tmp_path / dtype, dtype=dtype)
+        assert next(runner.handler.model.parameters()).dtype == getattr(torch, dtype)
+        items = _items([t.encode() for t in texts], "text/plain")
+        run_batch(runner, items)
+        assert all(item.error is None for item in items), [item.error for item in items]
+        labels[dtype] = [item.output["label"] for item in items]
+    # Random weights make near-ties; a label may flip only where float32's top two scores are within 2%.
+    assert sum(a != b for a, b in zip(labels["float32"], labels["bfloat16"], strict=True)) <= 2
+    assert labels["float16"] == labels["float32"]
