@@ -20,6 +20,7 @@ from redis.client import Pipeline
 from shared import keys
 from shared.errors import NotFound
 from shared.lifecycle import layout, rqhash, submit
+from shared.lifecycle.info import JobInfo, at_submit
 from shared.rqjson import JSONQueue
 from shared.settings import Settings
 
@@ -130,17 +131,14 @@ def _new_job(
     queue_ttl_s = submission.queue_ttl_s or settings.queue_ttl_s
     # The payload and info must outlive the wait in the queue plus the run.
     live_s = queue_ttl_s + settings.job_timeout_s + 60
-    info: dict[str, Any] = {
-        "model": submission.model,
-        "content_type": submission.content_type,
-        "deadline": f"{time.time() + queue_ttl_s:.3f}",
-    }
-    if submission.webhook:
-        info["webhook"] = submission.webhook
-    if submission.owner:
-        info["owner"] = submission.owner
-    if waited:
-        info["waited"] = "1"
+    info = at_submit(
+        submission.model,
+        submission.content_type,
+        time.time() + queue_ttl_s,
+        submission.webhook,
+        submission.owner,
+        waited,
+    )
     idempotency = None
     if submission.idempotency_key:
         key = keys.idempotency_key(submission.owner or "", submission.idempotency_key)
@@ -236,8 +234,8 @@ async def get_job_view_async(connection: AsyncRedis, job_id: str, owner: str | N
 def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, Any]:
     """The view from the replies of ``_queue_view_reads``; no I/O."""
     raw_job, pttl_ms, raw_info, results, attempts = replies
-    info = _decode_hash(raw_info)
-    if owner is not None and info.get("owner") != owner:
+    info = JobInfo.of(_decode_hash(raw_info))
+    if owner is not None and info.owner != owner:
         raise NotFound(f"no job {job_id!r}")  # another key's job: as if it did not exist
     # A hash without its enqueue fields is a leftover, not a job (an older worker could write one after expiry).
     if not raw_job or b"status" not in raw_job or b"origin" not in raw_job:
@@ -251,21 +249,21 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
     status = public_status(job.status)
     view: dict[str, Any] = {
         "id": job_id,
-        "model": info.get("model") or keys.model_from_queue(job.origin),
+        "model": info.model or keys.model_from_queue(job.origin),
         "status": status,
         "created_at": isoformat(job.created_at),
         "enqueued_at": isoformat(job.enqueued_at),
         "started_at": isoformat(job.started_at) if status != "queued" else None,
         "ended_at": isoformat(job.ended_at) if status in TERMINAL else None,
-        "batch_size": int(info["batch_size"]) if "batch_size" in info else None,
+        "batch_size": info.batch_size,
         "worker": job.worker_name or None,
-        "timings_ms": _timings(info),
+        "timings_ms": info.timings_ms,
         "result": None,
         "error": None,
         "expires_at": isoformat(utcnow() + timedelta(milliseconds=pttl_ms)) if pttl_ms > 0 else None,
     }
     if status == "canceled":
-        view["error"] = info.get("error") or "canceled by request"
+        view["error"] = info.error or "canceled by request"
     elif results and status in ("finished", "failed"):
         _, payload = results[0]
         try:
@@ -277,7 +275,7 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
             if succeeded:
                 view["result"] = value
             else:
-                view["error"] = info.get("error") or _failure_reason(value)
+                view["error"] = info.error or _failure_reason(value)
     return _with_webhook(view, info, attempts)
 
 
@@ -286,7 +284,7 @@ def ended_view(
     enqueued_at: datetime | None,
     started_at: datetime,
     ended_at: datetime,
-    info: dict[str, str],
+    info: JobInfo,
     ttl_s: int,
     result_json: str | None,
 ) -> bytes:
@@ -302,11 +300,11 @@ def ended_view(
             "enqueued_at": isoformat(enqueued_at),
             "started_at": isoformat(started_at),
             "ended_at": isoformat(ended_at),
-            "batch_size": int(info["batch_size"]),
-            "worker": info.get("worker") or None,
-            "timings_ms": _timings(info),
+            "batch_size": info.batch_size,
+            "worker": info.worker,
+            "timings_ms": info.timings_ms,
             "result": orjson.Fragment(result_json) if result_json is not None and status == "finished" else None,
-            "error": (info.get("error") or None) if status == "failed" else None,
+            "error": info.error if status == "failed" else None,
             "expires_at": isoformat(ended_at + timedelta(seconds=ttl_s)),
         }
     )
@@ -320,23 +318,24 @@ def view_from_event(event: dict[str, Any], job_id: str, model: str, created_at: 
     return {"id": job_id, "model": model, "status": carried["status"], "created_at": created_at, **carried}
 
 
-def _with_webhook(view: dict[str, Any], info: dict[str, str], attempts: list[bytes]) -> dict[str, Any]:
-    if "webhook" in info:
-        view["webhook"] = {"url": info["webhook"], "attempts": [json.loads(a) for a in attempts]}
+def _with_webhook(view: dict[str, Any], info: JobInfo, attempts: list[bytes]) -> dict[str, Any]:
+    if info.webhook is not None:
+        view["webhook"] = {"url": info.webhook, "attempts": [json.loads(a) for a in attempts]}
     return view
 
 
-def _expired_unrun(info: dict[str, str]) -> bool:
+def _expired_unrun(info: JobInfo) -> bool:
     """RQ dropped the job hash because its queue deadline passed before any worker took it."""
-    deadline = float(info.get("deadline") or "inf")
-    return deadline <= time.time() and "batch_size" not in info and not info.get("canceled")
+    deadline = info.deadline if info.deadline is not None else float("inf")
+    return deadline <= time.time() and not info.ran and not info.canceled
 
 
-def _expired_view(job_id: str, info: dict[str, str]) -> dict[str, Any]:
-    ended = datetime.fromtimestamp(float(info["deadline"]), UTC)
+def _expired_view(job_id: str, info: JobInfo) -> dict[str, Any]:
+    assert info.deadline is not None  # _expired_unrun
+    ended = datetime.fromtimestamp(info.deadline, UTC)
     return {
         "id": job_id,
-        "model": info.get("model", ""),
+        "model": info.model or "",
         "status": "expired",
         "created_at": None,
         "enqueued_at": None,
@@ -349,11 +348,6 @@ def _expired_view(job_id: str, info: dict[str, str]) -> dict[str, Any]:
         "error": "expired: still queued when its deadline passed; it never ran",
         "expires_at": None,
     }
-
-
-def _timings(info: dict[str, str]) -> dict[str, float] | None:
-    timings: dict[str, float] = {name: float(info[name]) for name in ("queue_ms", "inference_ms") if name in info}
-    return timings or None
 
 
 def _failure_reason(exc_string: str | None) -> str | None:

@@ -37,6 +37,7 @@ from shared import durability, keys, metrics
 from shared.connections import is_unavailable
 from shared.lifecycle import bulk, claims, finish, layout
 from shared.lifecycle.claims import Claimed
+from shared.lifecycle.info import F
 from shared.lifecycle.queues import register_queues
 from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings
@@ -356,7 +357,7 @@ class BatchWorker(SimpleWorker):
         finally:
             self._beats.end()
         for item in items:
-            item.info["inference_ms"] = f"{report.inference_ms:.3f}"
+            item.info[F.INFERENCE_MS] = f"{report.inference_ms:.3f}"
         if report.padded_tokens:
             log.debug(
                 "model %s: batch of %d in %d forward(s), %d tokens, padding waste %.1f%%",
@@ -484,7 +485,7 @@ class BatchWorker(SimpleWorker):
         items = []
         for job in result.jobs:
             if "batch" not in job.info:
-                items.append(Item(job, job.payload, job.info.get("content_type", "")))
+                items.append(Item(job, job.payload, job.info.get(F.CONTENT_TYPE, "")))
                 continue
             try:
                 chunk = bulk.decode_chunk(job.payload or b"")

@@ -12,6 +12,7 @@ from shared import metrics
 from shared.jobs import ended_view
 from shared.lifecycle.claims import Claimed
 from shared.lifecycle.finish import Outcome
+from shared.lifecycle.info import F, JobInfo, at_finish
 from shared.settings import Settings
 from workers.running import Item
 
@@ -29,7 +30,7 @@ def chunk_outcome(items: list[Item], batch_size: int, model: str, worker_name: s
         lines.append(json.dumps(line, separators=(",", ":")))
     failed = sum(item.error is not None for item in items)
     moved = {"running": -len(items), "finished": len(items) - failed, "failed": failed}
-    info = {"batch_size": str(batch_size), "worker": worker_name, "inference_ms": items[0].info["inference_ms"]}
+    info = at_finish(batch_size, worker_name, items[0].info[F.INFERENCE_MS])
     ttl = job.result_ttl if job.result_ttl is not None else settings.result_ttl_s
     summary = {"finished": len(items) - failed, "failed": failed}
     observed: metrics.Increments = {}
@@ -45,9 +46,8 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
     """How the job ended, for the finish script."""
     job = item.job
     # The fields the finish adds to the info hash: the rest are there already (the start read them).
-    info = {"batch_size": str(batch_size), "worker": worker_name, "inference_ms": item.info["inference_ms"]}
-    if job.enqueued_at:
-        info["queue_ms"] = f"{(job.started_at - job.enqueued_at).total_seconds() * 1000.0:.3f}"
+    queue_ms = (job.started_at - job.enqueued_at).total_seconds() * 1000.0 if job.enqueued_at else None
+    info = at_finish(batch_size, worker_name, item.info[F.INFERENCE_MS], queue_ms, item.error)
     observed: metrics.Increments = {}
     observe(observed, item)
     if item.error is None:
@@ -63,7 +63,6 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
             value_json=item.output_json,
             view=_view(job, "finished", info, int(ttl), item.output_json),
         )
-    info["error"] = item.error
     ttl = job.failure_ttl or settings.failure_ttl_s
     note = metrics.failure_record(metrics.failure_class(item.error), item.error)
     value = item.traceback or item.error
@@ -77,7 +76,7 @@ def observe(acc: metrics.Increments, item: Item) -> None:
     ended_at = job.ended_at or now()
     queued_s = (job.started_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
     end_to_end_s = (ended_at - job.enqueued_at).total_seconds() if job.enqueued_at else None
-    inference_s = float(item.info.get("inference_ms") or 0.0) / 1000.0
+    inference_s = float(item.info.get(F.INFERENCE_MS) or 0.0) / 1000.0
     status, reason = "finished", None
     if item.error is not None:
         status, reason = "failed", metrics.failure_class(item.error)
@@ -90,6 +89,7 @@ def _view(job: Claimed, status: str, info: dict[str, str], ttl_s: int, result_js
     Only then: other jobs' events stay small. A job with a webhook is left out (its view lists the delivery
     attempts, which only a read can tell), and its waiting request reads the view as before.
     """
-    if job.info.get("waited") != "1" or "webhook" in job.info or job.ended_at is None:
+    if job.info.get(F.WAITED) != "1" or F.WEBHOOK in job.info or job.ended_at is None:
         return None
-    return ended_view(status, job.enqueued_at, job.started_at, job.ended_at, info, ttl_s, result_json).decode()
+    ended = JobInfo.of(info)
+    return ended_view(status, job.enqueued_at, job.started_at, job.ended_at, ended, ttl_s, result_json).decode()

@@ -14,6 +14,7 @@ from rq import get_current_job
 
 from shared import keys
 from shared.errors import InvalidInput
+from shared.lifecycle.info import F
 from shared.models import load_model_config
 from shared.settings import get_settings
 from workers.handlers import Handler, load_handler, resolve_device
@@ -35,7 +36,7 @@ def infer(model: str) -> Any:
         raise RuntimeError("infer() runs inside an RQ job")
     connection = job.connection
     payload = cast(bytes | None, connection.get(keys.payload_key(job.id)))
-    content_type = cast(bytes, connection.hget(keys.info_key(job.id), "content_type") or b"")
+    content_type = cast(bytes, connection.hget(keys.info_key(job.id), F.CONTENT_TYPE) or b"")
     if payload is None:
         raise InvalidInput("the job's input expired before it ran")
     (result,) = _handler(model).run([(payload, content_type.decode())])

@@ -22,6 +22,7 @@ from rq.utils import current_timestamp, now, utcformat
 
 from shared import durability, keys
 from shared.lifecycle import calls, layout, rqhash, scripts
+from shared.lifecycle.info import F
 from shared.lifecycle.layout import QueueKeys
 from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
 from shared.settings import Settings
@@ -124,7 +125,7 @@ def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes |
     with connection.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.get(keys.payload_key(job_id))
-            pipe.hget(keys.info_key(job_id), "content_type")
+            pipe.hget(keys.info_key(job_id), F.CONTENT_TYPE)
         replies = pipe.execute()
     return [
         (payload or None, calls.text(content_type) if content_type else "")

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from inferq.client_types import Job, JobUrls, WebhookAttempt, WebhookInfo
 from shared import view as views
 from shared.jobs import QueueCache, Submission, _expired_view, ended_view, enqueue_job, get_job_view, view_from_event
+from shared.lifecycle.info import JobInfo
 from shared.settings import Settings
 
 
@@ -87,14 +88,14 @@ def test_a_queued_job_read_back_is_the_view(redis: redis_py.Redis) -> None:
 
 def test_an_expired_job_is_the_view() -> None:
     info = {"model": "m", "deadline": f"{time.time() - 1:.3f}", "webhook": "http://h/"}
-    held_to_the_view(_expired_view("j", info))
+    held_to_the_view(_expired_view("j", JobInfo.of(info)))
 
 
 def test_the_view_a_worker_publishes_as_a_waited_job_ends_is_the_view() -> None:
     now = datetime.now(UTC)
     info = {"batch_size": "2", "worker": "w", "queue_ms": "1.0", "inference_ms": "2.0"}
     for status, result in (("finished", '{"label":"x"}'), ("failed", None)):
-        published = ended_view(status, now, now, now, info | {"error": "boom"}, 60, result)
+        published = ended_view(status, now, now, now, JobInfo.of(info | {"error": "boom"}), 60, result)
         event = {"id": "j", "model": "m", "status": status, "view": json.loads(published)}
         carried = view_from_event(event, "j", "m", "2026-01-02T03:04:05Z")
         assert carried is not None

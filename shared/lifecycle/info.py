@@ -1,0 +1,99 @@
+"""inferq's own hash beside each RQ job (``keys.info_key``): its fields, named, written and read here.
+
+The API writes a submit's fields (``at_submit``); the worker's finish adds the run's (``at_finish``); the
+scripts set the flags by the same names (``F.ANNOUNCED`` once an end was told, ``F.CANCELED``). A job's view
+reads the hash back typed (``JobInfo.of``). RQ's own job hash is another thing: ``rqhash`` reads that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class F:
+    """The info hash's field names (the Lua scripts in lua/ use the same literal names)."""
+
+    # Written at submit.
+    MODEL = "model"
+    CONTENT_TYPE = "content_type"
+    DEADLINE = "deadline"  # epoch seconds: a job still queued then never runs and reads as expired
+    WEBHOOK = "webhook"
+    OWNER = "owner"  # a hash of the submitting API key: only that key sees or cancels the job
+    WAITED = "waited"  # "1": a request waits on the job's end, so the worker publishes its view with it
+    # Written by the finish.
+    BATCH_SIZE = "batch_size"
+    WORKER = "worker"
+    QUEUE_MS = "queue_ms"
+    INFERENCE_MS = "inference_ms"
+    ERROR = "error"
+    # Flags the scripts set.
+    CANCELED = "canceled"
+    ANNOUNCED = "announced"
+
+
+TIMINGS = (F.QUEUE_MS, F.INFERENCE_MS)
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What a job's view reads of its info hash, typed."""
+
+    model: str | None = None
+    deadline: float | None = None
+    webhook: str | None = None
+    owner: str | None = None
+    batch_size: int | None = None
+    worker: str | None = None
+    timings_ms: dict[str, float] | None = None
+    error: str | None = None
+    canceled: bool = False
+
+    @classmethod
+    def of(cls, raw: Mapping[str, str]) -> JobInfo:
+        """The record of a decoded hash (missing fields read as None)."""
+        timings = {name: float(raw[name]) for name in TIMINGS if name in raw}
+        deadline = raw.get(F.DEADLINE)
+        batch_size = raw.get(F.BATCH_SIZE)
+        return cls(
+            model=raw.get(F.MODEL) or None,
+            deadline=float(deadline) if deadline else None,
+            webhook=raw.get(F.WEBHOOK),
+            owner=raw.get(F.OWNER),
+            batch_size=int(batch_size) if batch_size is not None else None,
+            worker=raw.get(F.WORKER) or None,
+            timings_ms=timings or None,
+            error=raw.get(F.ERROR) or None,
+            canceled=bool(raw.get(F.CANCELED)),
+        )
+
+    @property
+    def ran(self) -> bool:
+        """Whether a worker finished it (the finish writes the batch size)."""
+        return self.batch_size is not None
+
+
+def at_submit(
+    model: str, content_type: str, deadline: float, webhook: str | None, owner: str | None, waited: bool
+) -> dict[str, str]:
+    """The fields a submit writes."""
+    info = {F.MODEL: model, F.CONTENT_TYPE: content_type, F.DEADLINE: f"{deadline:.3f}"}
+    if webhook:
+        info[F.WEBHOOK] = webhook
+    if owner:
+        info[F.OWNER] = owner
+    if waited:
+        info[F.WAITED] = "1"
+    return info
+
+
+def at_finish(
+    batch_size: int, worker: str, inference_ms: str, queue_ms: float | None = None, error: str | None = None
+) -> dict[str, str]:
+    """The fields the finish adds (the rest are there already): what ran the job, and how long it took."""
+    info = {F.BATCH_SIZE: str(batch_size), F.WORKER: worker, F.INFERENCE_MS: inference_ms}
+    if queue_ms is not None:
+        info[F.QUEUE_MS] = f"{queue_ms:.3f}"
+    if error is not None:
+        info[F.ERROR] = error
+    return info
