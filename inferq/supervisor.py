@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from shared.errors import EXIT_CONFIG
 from shared.redis_server import RedisServer, RedisServerError, die_with_parent
 
 log = logging.getLogger("inferq")
-# sysexits' EX_CONFIG: the child cannot work as configured, and a restart would not change that.
-EXIT_CONFIG = 78
 # Exits within this window count towards the pause before the next restart: 0 s, 1 s, 2 s, 4 s... up to
 # MAX_BACKOFF_S. A child that stayed up for a whole window starts over from 0 s.
 RESTART_WINDOW_S = 60.0

@@ -29,6 +29,11 @@ class ConfigError(AppError):
     code = "config_error"
 
 
+# sysexits' EX_CONFIG: a process that cannot work as configured exits with it, and a restart would not
+# change that (the supervisor does not restart it).
+EXIT_CONFIG = 78
+
+
 class NotFound(AppError):
     code = "not_found"
 
