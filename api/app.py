@@ -18,7 +18,7 @@ from api.auth import OPEN_PATHS
 from api.autopipeline import AutoPipelinedRedis
 from api.deps import AppState, Shard
 from api.events import EventHub
-from api.routers import batches, deployment, health, jobs, models, status
+from api.routers import batches, health, jobs, models, status
 from api.routers import metrics as metrics_router
 from api.routers.v2 import router as v2_router
 from shared import connections
@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(models.router)
     # Before jobs.router: a model's own submit path, not the catch-all for unknown models, takes its jobs.
-    app.include_router(deployment.router_for(settings, model_configs))
+    app.include_router(jobs.router_for(settings, model_configs))
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(v2_router)

@@ -1,23 +1,30 @@
-"""Jobs: submit, read (optionally waiting), stream events, cancel."""
+"""Jobs: submit, read (optionally waiting), stream events, cancel.
+
+The routes whose OpenAPI comes from this deployment are declared here too (``router_for``): one submit path
+per model, with that model's own request body (its input kind, its option limits, built from the request
+models the API validates with, api/schemas.py), and the job read with this deployment's ?wait= cap, so
+/openapi.json says what the API does.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import Owner
-from api.deps import AppState, Model, Shard, State
+from api.auth import Owner, require_key
+from api.deps import AppState, Model, Shard, State, state_of
 from api.inputs import parse_submission, prefer_wait, read_body
-from api.schemas import ERRORS
+from api.schemas import ERRORS, request_body
 from shared import shards
+from shared.inputs import input_kind
 from shared.jobs import (
     TERMINAL,
     Submission,
@@ -29,8 +36,10 @@ from shared.jobs import (
     view_from_event,
 )
 from shared.lifecycle.submit import Enqueued
+from shared.models import ModelConfig
+from shared.settings import Settings
 from shared.urls import check_webhook_target_async
-from shared.view import JobView
+from shared.view import JobAccepted, JobView
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
@@ -113,7 +122,7 @@ async def _enqueue_and_wait(
     return job, await wait_for_end(state, job.id, max(0.0, deadline - time.monotonic()), owner)
 
 
-# Each model's own path, with its own request body, is in the schema (api/routers/deployment.py); this one
+# Each model's own path, with its own request body, is in the schema (router_for); this one
 # answers the rest: an unknown model's 404.
 @router.post("/v1/models/{model}/jobs", status_code=202, include_in_schema=False)
 async def submit_job(
@@ -162,7 +171,7 @@ async def submit_job(
     return JSONResponse(accepted, status_code=202, headers=headers)
 
 
-# Routed in api/routers/deployment.py, where ?wait= is declared with this deployment's cap.
+# Routed by router_for, where ?wait= is declared with this deployment's cap.
 async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dict[str, Any]:
     """The job's status, and its result or error once it ended."""
     if wait_s > 0:
@@ -209,3 +218,72 @@ async def job_events(job_id: str, request: Request, state: State, owner: Owner) 
 
     del first
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# -- the routes whose OpenAPI comes from this deployment ----------------------------------------------
+Submit = Callable[..., Awaitable[JSONResponse]]
+
+
+def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter:
+    """The submit path of every model in ``configs`` and the job read, as ``settings`` bound them."""
+    router = APIRouter(tags=["jobs"])
+    for name in sorted(configs):
+        config = configs[name]
+        router.add_api_route(
+            f"/v1/models/{name}/jobs",
+            _submitter(config, settings),
+            methods=["POST"],
+            status_code=202,
+            response_model=JobAccepted,
+            responses={200: {"model": JobView, "description": "finished within Prefer: wait"}, **ERRORS},
+            openapi_extra={"requestBody": request_body(config, settings)},
+            name=f"submit_job_{name}",
+            summary=f"Submit a job to {name}",
+            description=f"Queue one input for {name}, which takes {input_kind(config.input).takes}; "
+            "answers 202 with the job ID at once.",
+        )
+
+    max_wait_s = settings.max_wait_s
+
+    async def get_job(
+        job_id: str,
+        state: State,
+        owner: Owner,
+        wait: float | None = Query(  # noqa: B008 - FastAPI's way to give a parameter bounds known at run time
+            None,
+            ge=0,
+            le=max_wait_s,
+            allow_inf_nan=False,
+            description=f"seconds (at most {max_wait_s:g}) to hold the request until the job ends",
+        ),
+    ) -> dict[str, Any]:
+        return await get_job(job_id, state, owner, wait or 0.0)
+
+    router.add_api_route(
+        "/v1/jobs/{job_id}",
+        get_job,
+        methods=["GET"],
+        response_model=JobView,
+        responses=ERRORS,
+        summary="Get Job",
+        description=get_job.__doc__,
+    )
+    return router
+
+
+def _submitter(config: ModelConfig, settings: Settings) -> Submit:
+    prefer_doc = f"wait=N: hold up to N seconds (at most {settings.max_wait_s:g}) for the result"
+
+    async def submit(
+        request: Request,
+        prefer: str | None = Header(None, description=prefer_doc),  # noqa: B008 - as above
+        idempotency_key: str | None = Header(  # noqa: B008 - as above
+            None, description="the same key and body return the same job", max_length=200
+        ),
+    ) -> JSONResponse:
+        # The key checked here rather than as the Owner dependency: the busiest route, and FastAPI solves each
+        # dependency in a pass of its own over the path, query, headers and cookies. The same check, first.
+        owner = await require_key(request, request.headers.get("authorization"))
+        return await submit_job(request, config, state_of(request), owner, prefer, idempotency_key)
+
+    return submit
