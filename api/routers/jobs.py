@@ -245,7 +245,7 @@ def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter
 
     max_wait_s = settings.max_wait_s
 
-    async def get_job(
+    async def read_job(
         job_id: str,
         state: State,
         owner: Owner,
@@ -261,7 +261,8 @@ def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter
 
     router.add_api_route(
         "/v1/jobs/{job_id}",
-        get_job,
+        read_job,
+        name="get_job",  # the OpenAPI operation id it always had
         methods=["GET"],
         response_model=JobView,
         responses=ERRORS,
