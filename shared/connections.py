@@ -192,16 +192,23 @@ def connect(url: str, timeout_s: float, **extra: Any) -> redis.Redis:
 
 
 def async_pool(url: str, timeout_s: float, max_connections: int) -> redis.asyncio.ConnectionPool:
-    """The API's asyncio connection pool: a caller waits at most ``timeout_s`` for a free connection."""
+    """The API's asyncio connection pool: a caller waits at most ``timeout_s`` for a free connection.
+
+    Its connections carry no read timeout of their own: every command on them goes out in an auto-pipelined
+    batch (api/autopipeline.py), which must be answered by its commands' deadline and drops its connection
+    if not. A socket timeout too would arm a timer per reply read (redis-py wraps each read in one): a tenth
+    of a submit's CPU for no bound the batch does not already keep. Connecting stays bounded by ``timeout_s``.
+    """
     target = parse(url)
+    read = {"socket_timeout": None}
     if not target.is_sentinel:
         return redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout_s, **connection_options(timeout_s)
+            url, max_connections=max_connections, timeout=timeout_s, **(connection_options(timeout_s) | read)
         )
     sentinel = redis.asyncio.sentinel.Sentinel(
         list(target.sentinels), sentinel_kwargs=_sentinel_options(target, timeout_s), **_data_options(target, timeout_s)
     )
-    options = dict(sentinel.connection_kwargs) | {"is_master": True, "max_connections": max_connections}
+    options = dict(sentinel.connection_kwargs) | read | {"is_master": True, "max_connections": max_connections}
     return redis.asyncio.sentinel.SentinelConnectionPool(target.service, sentinel, **options)
 
 
