@@ -170,7 +170,7 @@ class _JoiningPipeline(Pipeline):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack, self.command_stack = self.command_stack, []
         futures = [self._client._join(args, options) for args, options in stack]
-        # In one batch, or across two when a batch was sent between joins: each keeps its deadline (``_send``).
+        # Joined with no await between them, so they leave in one batch, which keeps their deadline (``_send``).
         replies = list(await asyncio.gather(*futures, return_exceptions=True))
         if raise_on_error:
             for reply in replies:
