@@ -118,7 +118,9 @@ def test_a_model_exported_for_batches_of_one_serves_each_job_at_batch_one(models
     assert [view["result"] for view in views] == [runner.handler.run([(i, "image/png")])[0] for i in images]
     log = models_stack.logs[models_stack.procs.index(worker)].read_text()
     assert log.count("takes one item at a time") == 1
-    assert "model cnn-fixed (export) loaded on cpu, max batch 1" in log
+    # The config's device is auto: the first GPU where there is one (a lent GPU machine runs this suite too).
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert f"model cnn-fixed (export) loaded on {device}, max batch 1" in log
     assert "splitting to isolate" not in log
 
 
