@@ -17,12 +17,14 @@ The contract every peer's API serves, so that the driver treats them alike:
 - ``GET /healthz`` -> ``200`` once the process can serve.
 
 Only the serving architecture differs: every peer runs inferq's own handler (``load_handler``,
-``preprocess``, ``predict``, ``postprocess``) on the CPU, so pre- and postprocessing are identical.
+``preprocess``, ``predict``, ``postprocess``) on the CPU (or ``INFERQ_BENCH_DEVICE``), so pre- and
+postprocessing are identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +36,8 @@ MAX_WAIT_S = 60.0
 
 
 def load_model(model_dir: str | Path, threads: int) -> Handler:
-    """inferq's handler for the model folder, weights loaded, on the CPU with ``threads`` torch threads."""
+    """inferq's handler for the model folder, weights loaded, with ``threads`` torch threads: on the CPU, or on
+    the device ``INFERQ_BENCH_DEVICE`` names (``bench.gpu`` runs the peers on the GPU beside inferq)."""
     # torch only here: the queue peers' API processes never run the model.
     import torch
 
@@ -42,7 +45,8 @@ def load_model(model_dir: str | Path, threads: int) -> Handler:
     from workers.handlers import load_handler
 
     torch.set_num_threads(threads)
-    handler = load_handler(load_model_config(Path(model_dir).resolve()), torch.device("cpu"))
+    device = torch.device(os.environ.get("INFERQ_BENCH_DEVICE", "cpu"))
+    handler = load_handler(load_model_config(Path(model_dir).resolve()), device)
     handler.load()
     return handler
 
