@@ -18,9 +18,9 @@ from api.auth import OPEN_PATHS
 from api.autopipeline import AutoPipelinedRedis
 from api.deps import AppState, Shard
 from api.events import EventHub
+from api.oip.routes import router as v2_router
 from api.routers import batches, health, jobs, models, status
 from api.routers import metrics as metrics_router
-from api.routers.v2 import router as v2_router
 from shared import connections
 from shared.errors import ConfigError
 from shared.gc_tuning import tune_for_serving

@@ -1,4 +1,4 @@
-"""The /v2 tensor codec (api/oip.py) in-process: requests tritonclient encodes in, responses it decodes out."""
+"""The /v2 tensor codec (api/oip/codec.py) in-process: requests tritonclient encodes in, responses it decodes out."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from api import oip
+from api.oip import codec
 from shared.errors import InvalidInput, UnsupportedMedia
 from shared.models import ModelConfig
 
@@ -36,26 +36,26 @@ def _input(name: str, shape: list[int], datatype: str, array: np.ndarray, binary
 @pytest.mark.parametrize("binary", [True, False])
 def test_a_tensor_reads_as_the_model_shapes_nested_list(binary: bool) -> None:
     array = np.array([[1, -2], [3, 2**40]], dtype=np.int64)
-    request = oip.parse_request(COUNTS, *_encoded(_input("tensor", [2, 2], "INT64", array, binary)))
+    request = codec.parse_request(COUNTS, *_encoded(_input("tensor", [2, 2], "INT64", array, binary)))
     assert request.value == [[1, -2], [3, 2**40]] and not request.batched
-    batched = oip.parse_request(COUNTS, *_encoded(_input("tensor", [1, 2, 2], "INT64", array[None], binary)))
+    batched = codec.parse_request(COUNTS, *_encoded(_input("tensor", [1, 2, 2], "INT64", array[None], binary)))
     assert batched.value == request.value and batched.batched
 
 
 def test_flat_json_data_and_bf16_binary_data_are_taken() -> None:
     body = json.dumps({"inputs": [{"name": "tensor", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]}]})
-    assert oip.parse_request(COUNTS, body.encode(), None).value == [[1, 2], [3, 4]]
+    assert codec.parse_request(COUNTS, body.encode(), None).value == [[1, 2], [3, 4]]
     bits = (np.array([1.5, -2.0, 0.25, 8.0], dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
     header = {
         "inputs": [{"name": "tensor", "shape": [2, 2], "datatype": "BF16", "parameters": {"binary_data_size": 8}}]
     }
     text = json.dumps(header).encode()
-    assert oip.parse_request(COUNTS, text + bits, str(len(text))).value == [[1.5, -2.0], [0.25, 8.0]]
+    assert codec.parse_request(COUNTS, text + bits, str(len(text))).value == [[1.5, -2.0], [0.25, 8.0]]
 
 
 def _refusal(config: ModelConfig, body: bytes, header_length: str | None) -> str:
     with pytest.raises(InvalidInput) as refused:
-        oip.parse_request(config, body, header_length)
+        codec.parse_request(config, body, header_length)
     return refused.value.message
 
 
@@ -77,12 +77,12 @@ def test_malformed_requests_are_refused_with_what_is_wrong() -> None:
         "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "parameters": {"shared_memory_region": "r"}}]
     }
     with pytest.raises(UnsupportedMedia):
-        oip.parse_request(DIGITS, json.dumps(shared).encode(), None)
+        codec.parse_request(DIGITS, json.dumps(shared).encode(), None)
 
 
 def test_a_classifier_result_comes_back_as_tritonclient_reads_it() -> None:
     png = _input("image", [1, 1], "BYTES", np.array([[b"\x89PNG"]], dtype=np.object_))
-    request = oip.parse_request(
+    request = codec.parse_request(
         DIGITS,
         *_encoded(
             png, [triton.InferRequestedOutput("score"), triton.InferRequestedOutput("top_k_labels", binary_data=False)]
@@ -90,8 +90,8 @@ def test_a_classifier_result_comes_back_as_tritonclient_reads_it() -> None:
     )
     assert request.value == b"\x89PNG" and request.batched
     result = {"label": "7", "score": None, "top_k": [{"label": "7", "score": None}, {"label": "1", "score": 0.25}]}
-    body, headers = oip.encode_response(DIGITS, request, "job-1", result)
-    decoded = triton.InferenceServerClient.parse_response_body(body, header_length=int(headers[oip.HEADER_LENGTH]))
+    body, headers = codec.encode_response(DIGITS, request, "job-1", result)
+    decoded = triton.InferenceServerClient.parse_response_body(body, header_length=int(headers[codec.HEADER_LENGTH]))
     assert math.isnan(decoded.as_numpy("score")[0][0]) and decoded.as_numpy("score").shape == (1, 1)
     assert decoded.as_numpy("top_k_labels").tolist() == [["7", "1"]]
     assert decoded.get_response()["parameters"] == {"job_id": "job-1"}
@@ -99,10 +99,10 @@ def test_a_classifier_result_comes_back_as_tritonclient_reads_it() -> None:
 
 def test_a_handler_of_ones_own_answers_its_result_as_json() -> None:
     document = json.dumps({"a": [1, 2]}).encode()
-    request = oip.parse_request(OWN, *_encoded(_input("json", [1], "BYTES", np.array([document], dtype=np.object_))))
+    request = codec.parse_request(OWN, *_encoded(_input("json", [1], "BYTES", np.array([document], dtype=np.object_))))
     assert request.value == document
-    body, headers = oip.encode_response(OWN, request, "job-2", [[1, 2], [3]])  # ragged: no tensor but "result"
-    decoded = triton.InferenceServerClient.parse_response_body(body, header_length=int(headers[oip.HEADER_LENGTH]))
+    body, headers = codec.encode_response(OWN, request, "job-2", [[1, 2], [3]])  # ragged: no tensor but "result"
+    decoded = triton.InferenceServerClient.parse_response_body(body, header_length=int(headers[codec.HEADER_LENGTH]))
     assert [output["name"] for output in decoded.get_response()["outputs"]] == ["result"]
     assert json.loads(decoded.as_numpy("result")[0]) == [[1, 2], [3]]
-    assert struct.unpack_from("<I", body, int(headers[oip.HEADER_LENGTH]))[0] == len(b"[[1, 2], [3]]")
+    assert struct.unpack_from("<I", body, int(headers[codec.HEADER_LENGTH]))[0] == len(b"[[1, 2], [3]]")

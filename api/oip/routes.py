@@ -17,11 +17,11 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api import oip
 from api.auth import Owner
 from api.deps import Model, State
 from api.errors import error_response
 from api.inputs import prefer_wait, read_body
+from api.oip import codec
 from api.routers.jobs import wait_for_end
 from api.routers.models import live_workers
 from shared import shards
@@ -44,8 +44,8 @@ _ENDED = {
 
 
 def _version(version: str) -> None:
-    if version != oip.VERSION:
-        raise NotFound(f"model version {version[:50]!r} does not exist; inferq serves version {oip.VERSION} only")
+    if version != codec.VERSION:
+        raise NotFound(f"model version {version[:50]!r} does not exist; inferq serves version {codec.VERSION} only")
 
 
 Versioned = Depends(_version)
@@ -75,7 +75,7 @@ async def server_metadata() -> dict[str, Any]:
 @router.get("/models/{model}/versions/{version}", dependencies=[Versioned])
 async def model_metadata(config: Model, owner: Owner) -> dict[str, Any]:
     """The model's input and outputs, with datatypes and shapes."""
-    return oip.metadata(config)
+    return codec.metadata(config)
 
 
 @router.get("/models/{model}/ready")
@@ -134,7 +134,7 @@ async def infer(
     # Without respond-async the call waits as long as the deployment lets it; wait=N shortens that.
     wait_s = prefer_wait(prefer, settings.max_wait_s) or (0.0 if respond_async else settings.max_wait_s)
     body = await read_body(request, settings.max_body_bytes)
-    parsed = await run_in_threadpool(oip.parse_request, config, body, request.headers.get(oip.HEADER_LENGTH))
+    parsed = await run_in_threadpool(codec.parse_request, config, body, request.headers.get(codec.HEADER_LENGTH))
     submission = replace(
         await run_in_threadpool(_submission, config, settings, parsed.value),
         retries=config.retries,
@@ -147,7 +147,7 @@ async def infer(
     location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
     view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
     if view is not None and view["status"] == "finished":
-        content, headers = await run_in_threadpool(oip.encode_response, config, parsed, job.id, view["result"])
+        content, headers = await run_in_threadpool(codec.encode_response, config, parsed, job.id, view["result"])
         return Response(content, 200, headers=headers)
     if respond_async:
         accepted = {
