@@ -52,26 +52,30 @@ RESPONSE_BYTES_MAX = 4096
 
 
 def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
-    """Send one attempt of a job's webhook; schedule the next one if it may succeed later.
+    """Send one attempt of a job's or a bulk batch's webhook; schedule the next one if it may succeed later.
 
-    The first attempt is queued by the job-lifecycle store without arguments: its RQ job id names
-    the job (``layout.delivered_job``). Later attempts are scheduled with both.
+    The first attempt is queued by the job-lifecycle store without arguments: its RQ job id names the
+    subject (``layout.delivered_job``: a job's id, or ``layout.BATCH_SUBJECT`` + a batch's id). Later attempts
+    are scheduled with the same subject (``job_id``, the name RQ stores them under) and their attempt.
     """
     current = get_current_job()
     if current is None:
         raise RuntimeError("deliver() runs inside an RQ job")
-    job_id = job_id or layout.delivered_job(current.id)
+    subject = job_id or layout.delivered_job(current.id)
+    kind, job_id = layout.subject_of(subject)
     settings = get_settings()
     connection: Redis = current.connection
-    try:
-        view = get_job_view(connection, job_id)
-        url = (view.pop("webhook", None) or {}).get("url")
-    except NotFound:
-        # A bulk batch's own webhook, once the batch ended: the batch view.
+    if kind == "batch":
         batch = bulk.read_batch(connection, job_id)
         if batch is None:
-            return {"job_id": job_id, "attempt": attempt, "outcome": "job expired"}
+            return {"job_id": job_id, "attempt": attempt, "outcome": "batch expired"}
         view, url = batch, batch.pop("webhook", None)
+    else:
+        try:
+            view = get_job_view(connection, job_id)
+        except NotFound:
+            return {"job_id": job_id, "attempt": attempt, "outcome": "job expired"}
+        url = (view.pop("webhook", None) or {}).get("url")
     if not url:
         return {"job_id": job_id, "attempt": attempt, "outcome": "no webhook"}
     body = json.dumps(view, separators=(",", ":")).encode()
@@ -100,7 +104,7 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
         retry_after = answer.retry_after_s
         delay = min(retry_after if retry_after is not None else delays[attempt - 1], MAX_RETRY_AFTER_S)
         record["next_attempt_in_s"] = delay
-        _schedule(connection, settings, job_id, attempt + 1, delay)
+        _schedule(connection, settings, subject, attempt + 1, delay)
     record["outcome"] = "delivered" if delivered else ("retrying" if "next_attempt_in_s" in record else "gave up")
     _record(connection, settings, job_id, record, took_s)
     log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
@@ -298,13 +302,13 @@ def _retry_after_s(value: str | None) -> float | None:
         return None
 
 
-def _schedule(connection: Redis, settings: Settings, job_id: str, attempt: int, delay_s: float) -> None:
+def _schedule(connection: Redis, settings: Settings, subject: str, attempt: int, delay_s: float) -> None:
     queue = JSONQueue(keys.WEBHOOK_QUEUE, connection=connection)
     queue.enqueue_in(
         timedelta(seconds=delay_s),
         layout.DELIVER_FUNC,
-        kwargs={"job_id": job_id, "attempt": attempt},
-        description=f"webhook for {job_id} (attempt {attempt})",
+        kwargs={"job_id": subject, "attempt": attempt},
+        description=f"webhook for {subject} (attempt {attempt})",
         **_scheduled_options(settings),
     )
 

@@ -41,7 +41,7 @@ def batch_keys(job_id: str) -> list[str]:
     """A chunk's batch record, result lines and webhook delivery; for a single job its info key, untouched."""
     if keys.is_chunk(job_id):
         batch_id = keys.batch_of_chunk(job_id)
-        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id), layout.delivery_key(batch_id)]
+        return [keys.batch_key(batch_id), keys.batch_results_key(batch_id), layout.batch_delivery_key(batch_id)]
     return [keys.info_key(job_id)] * 3
 
 

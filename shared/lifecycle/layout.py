@@ -51,9 +51,26 @@ def delivery_key(job_id: str) -> str:
     return job_key(DELIVERY_PREFIX + job_id)
 
 
+# A bulk batch's own webhook is queued for the subject BATCH_SUBJECT + the batch's id (announce.lua's
+# batch_end_if_done prepends the same text), so a delivery's id says whether it is a job's or a batch's. No job or
+# batch id starts with it: it is the chunks' prefix, which shards.new_id never hands out.
+BATCH_SUBJECT = keys.CHUNK_PREFIX
+
+
+def batch_delivery_key(batch_id: str) -> str:
+    return delivery_key(BATCH_SUBJECT + batch_id)
+
+
 def delivered_job(delivery_id: str) -> str:
-    """The job a first delivery was queued for."""
+    """The subject a first delivery was queued for: a job's id, or BATCH_SUBJECT + a batch's id."""
     return delivery_id.removeprefix(DELIVERY_PREFIX)
+
+
+def subject_of(subject: str) -> tuple[str, str]:
+    """("batch", its id) for a batch's delivery subject, else ("job", its id)."""
+    if subject.startswith(BATCH_SUBJECT):
+        return "batch", subject.removeprefix(BATCH_SUBJECT)
+    return "job", subject
 
 
 @lru_cache(maxsize=256)

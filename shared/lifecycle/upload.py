@@ -194,7 +194,7 @@ class BatchWriter:
             args = [self.settings.batch_window_s, self.live_s, self.info_ttl_s, self.live_s, items, *ids]
             bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue, waiting], per_chunk, args)
         hk = layout.hooks()
-        fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.delivery_key(self.id)]
+        fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.batch_delivery_key(self.id)]
         fixed += [hk.queue, layout.QUEUES_SET]
         args = ["1" if idempotency else "0", idem_value, self.settings.idempotency_ttl_s, utcformat(now())]
         args += [

@@ -13,9 +13,9 @@ import redis as redis_py
 
 from shared import keys
 from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view, new_job_id
-from shared.lifecycle import bulk
+from shared.lifecycle import bulk, layout
 from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.rqjson import JSONJob
+from shared.rqjson import JSONJob, JSONQueue
 from shared.settings import Settings, get_settings
 from tests.support.echo import POISON, echo_runner
 from workers import batching
@@ -309,12 +309,22 @@ def test_a_batch_webhook_is_sent_once_when_the_batch_ends(
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
         batch_id = _batch(redis, settings, _items(6, poison={2}), webhook=url)
         _worker(redis, settings, "hooked").work(burst=True)
-        assert redis.lrange(f"rq:queue:{keys.WEBHOOK_QUEUE}", 0, -1) == [f"webhook-{batch_id}".encode()]
+        # The delivery's id says it is a batch's: the sender reads the batch, never trying it as a job first.
+        assert redis.lrange(f"rq:queue:{keys.WEBHOOK_QUEUE}", 0, -1) == [f"webhook-batch-{batch_id}".encode()]
+        webhook_worker(redis, settings).work(burst=True)
+        (body,) = _Receiver.bodies
+        # A later attempt is scheduled with the same subject, and is the batch's too.
+        JSONQueue(keys.WEBHOOK_QUEUE, connection=redis).enqueue(
+            layout.DELIVER_FUNC, kwargs={"job_id": layout.BATCH_SUBJECT + batch_id, "attempt": 2}
+        )
         webhook_worker(redis, settings).work(burst=True)
     finally:
         server.shutdown()
         server.server_close()
         get_settings.cache_clear()
-    (body,) = _Receiver.bodies
-    assert body["id"] == batch_id and body["status"] == "finished"
-    assert body["counts"] == {"total": 6, "queued": 0, "running": 0, "finished": 5, "failed": 1, "canceled": 0}
+    first, second = _Receiver.bodies
+    for body in (first, second):
+        assert body["id"] == batch_id and body["status"] == "finished"
+        assert body["counts"] == {"total": 6, "queued": 0, "running": 0, "finished": 5, "failed": 1, "canceled": 0}
+    attempts = [json.loads(a) for a in redis.lrange(keys.webhook_attempts_key(batch_id), 0, -1)]
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "delivered"), (2, "delivered")]

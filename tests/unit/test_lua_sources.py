@@ -38,3 +38,13 @@ def test_each_script_says_what_it_does_and_declares_its_keys() -> None:
         head = path.read_text().partition("\n\n")[0].splitlines()
         assert head[0].startswith(f"-- {path.stem}: ") and len(head[0]) > len(path.stem) + 6, path.name
         assert any(line.startswith("-- KEYS: ") for line in head), path.name
+
+
+def test_a_batch_delivery_subject_is_spelled_once_for_python_and_lua() -> None:
+    """announce.lua queues a batch's delivery for BATCH_SUBJECT + its id; the sender reads the kind back from it."""
+    from shared.lifecycle import layout
+
+    assert f"local BATCH_SUBJECT = '{layout.BATCH_SUBJECT}'" in (SOURCES / "lib" / "announce.lua").read_text()
+    assert layout.subject_of(layout.BATCH_SUBJECT + "abc") == ("batch", "abc")
+    assert layout.subject_of("abc") == ("job", "abc")
+    assert layout.batch_delivery_key("abc") == layout.delivery_key(layout.BATCH_SUBJECT + "abc")

@@ -4,6 +4,9 @@
 -- by a pub/sub event and, when the job has one, a webhook delivery queued as an RQ job.
 -- A delivery's id is derived from its job's, so it can be queued only once.
 
+-- A bulk batch's delivery is queued for this subject + the batch's id (layout.BATCH_SUBJECT): the sender reads
+-- from the delivery's id whether it delivers a job's end or a batch's.
+local BATCH_SUBJECT = 'batch-'
 local function read_template(at)
   local ttl, prefix, n = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
   local fields = {}
@@ -37,7 +40,7 @@ local function batch_end_if_done(record, results, stamp, channel, hook)
     redis.call('EXPIRE', results, tonumber(r[5]) or 1)
     emit(channel, cjson.encode({id = r[7], model = r[8], kind = 'batch', status = 'ended'}))
     if redis.call('HEXISTS', record, 'webhook') == 1 then
-      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, r[7], stamp)
+      queue_delivery(hook.tpl, hook.hook_queue, hook.queues_set, hook.delivery, BATCH_SUBJECT .. r[7], stamp)
     end
   end
 end
