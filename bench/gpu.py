@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -599,6 +600,7 @@ def main() -> None:
             ["tar", "czf", str(args.out / "logs.tgz"), "-C", str(tmp), *[p.name for p in tmp.glob("*.log")]],
             check=False,
         )
+        shutil.rmtree(tmp, ignore_errors=True)
     try:
         text = table(results)
     except Exception as exc:  # the JSON is written already; the table is a summary of it
