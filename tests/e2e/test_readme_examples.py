@@ -56,6 +56,7 @@ NOT_RUN = (
     (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
     (".venv/bin/pip install ", "downloads wheels from download.pytorch.org: no network in tests"),
     ("python -m bench.run", "the benchmark: minutes of load (make bench)"),
+    ("python -m bench.gpu", "measures a CUDA GPU (tests/e2e/test_bench_gpu.py runs its --dry-run and its refusal)"),
     ("inferq ", "the commands' synopsis, with placeholders for every option"),
     ("mkdir -p models/sentiment", "needs your own save_pretrained folder"),
     ("cat > models/sentiment/", "the config beside your own save_pretrained folder"),
