@@ -13,23 +13,23 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
 
-from api import errors
-from api.auth import OPEN_PATHS
-from api.autopipeline import AutoPipelinedRedis
-from api.deps import AppState, Shard
-from api.events import EventHub
-from api.oip.routes import router as v2_router
-from api.routers import batches, health, jobs, models, status
-from api.routers import metrics as metrics_router
-from shared import connections
-from shared.errors import ConfigError
-from shared.gc_tuning import tune_for_serving
-from shared.jobs import QueueCache
-from shared.metrics import RequestCounts
-from shared.models import load_model_configs
-from shared.redis_server import die_with_parent
-from shared.rqjson import refuse_pickle
-from shared.settings import Settings, get_settings
+from inferq.api import errors
+from inferq.api.auth import OPEN_PATHS
+from inferq.api.autopipeline import AutoPipelinedRedis
+from inferq.api.deps import AppState, Shard
+from inferq.api.events import EventHub
+from inferq.api.oip.routes import router as v2_router
+from inferq.api.routers import batches, health, jobs, models, status
+from inferq.api.routers import metrics as metrics_router
+from inferq.shared import connections
+from inferq.shared.errors import ConfigError
+from inferq.shared.gc_tuning import tune_for_serving
+from inferq.shared.jobs import QueueCache
+from inferq.shared.metrics import RequestCounts
+from inferq.shared.models import load_model_configs
+from inferq.shared.redis_server import die_with_parent
+from inferq.shared.rqjson import refuse_pickle
+from inferq.shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 # Redis connections the submit and read paths share: their commands travel in shared pipelines

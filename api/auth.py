@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.deps import state_of
-from shared.errors import Unauthorized
+from inferq.api.deps import state_of
+from inferq.shared.errors import Unauthorized
 
 # The routes anyone may call although INFERQ_API_KEYS is set ("/*": a folder of files): health and the protocol's
 # server metadata, the docs, /metrics (counts only: no job ids, inputs or results) and the status page's own

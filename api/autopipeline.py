@@ -38,8 +38,8 @@ from redis.connection import HiredisRespSerializer
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
-from shared import durability
-from shared.settings import Settings
+from inferq.shared import durability
+from inferq.shared.settings import Settings
 
 # A command waiting for its batch: its arguments, options, the future its caller awaits, and its deadline
 # (on the loop's clock; None: no deadline).

@@ -16,13 +16,13 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from api.inputs import check_json_size
-from shared.errors import AppError, InvalidInput, PayloadTooLarge
-from shared.inputs import input_kind
-from shared.lifecycle import upload
-from shared.lifecycle.upload import BulkItem
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.api.inputs import check_json_size
+from inferq.shared.errors import AppError, InvalidInput, PayloadTooLarge
+from inferq.shared.inputs import input_kind
+from inferq.shared.lifecycle import upload
+from inferq.shared.lifecycle.upload import BulkItem
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 
 CUSTOM_ID_MAX = 256
 # How many refused lines the upload's answer lists (all of them are counted).

@@ -9,12 +9,12 @@ from fastapi import Depends, Request
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from api.events import EventHub
-from shared import shards
-from shared.errors import NotFound
-from shared.jobs import QueueCache
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.api.events import EventHub
+from inferq.shared import shards
+from inferq.shared.errors import NotFound
+from inferq.shared.jobs import QueueCache
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 
 
 @dataclass

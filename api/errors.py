@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import connections, errors
+from inferq.shared import connections, errors
 
 log = logging.getLogger(__name__)
 

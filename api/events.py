@@ -11,8 +11,8 @@ from typing import Any
 
 import redis
 
-from shared import connections, keys
-from shared.jobs import TERMINAL
+from inferq.shared import connections, keys
+from inferq.shared.jobs import TERMINAL
 
 log = logging.getLogger(__name__)
 # An idle subscription is PINGed this often; no answer within the Redis timeout and it is dropped and made

@@ -12,13 +12,13 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from api.schemas import WEBHOOK_MAX_CHARS, JobBodies, job_bodies
-from shared import keys
-from shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
-from shared.inputs import InputKind, input_kind
-from shared.jobs import Submission
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.api.schemas import WEBHOOK_MAX_CHARS, JobBodies, job_bodies
+from inferq.shared import keys
+from inferq.shared.errors import InvalidInput, PayloadTooLarge, UnsupportedMedia
+from inferq.shared.inputs import InputKind, input_kind
+from inferq.shared.jobs import Submission
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 
 # Bodies up to this size are checked on the event loop: their check costs less than the hop to a thread.
 # Larger ones go to the threadpool; json's C parser holds the GIL there too, so a tensor body is first held

@@ -19,9 +19,9 @@ from pydantic import (
     create_model,
 )
 
-from shared.inputs import Input, input_kind
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.shared.inputs import Input, input_kind
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 
 
 class ModelPublic(BaseModel):

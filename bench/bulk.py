@@ -16,15 +16,15 @@ import httpx
 import torch
 from redis import Redis
 
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job, new_job_id
-from shared.lifecycle import bulk
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.models import load_model_config
-from shared.settings import Settings
-from workers.batching import BatchWorker
-from workers.handlers import load_handler
-from workers.running import ModelRunner
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job, new_job_id
+from inferq.shared.lifecycle import bulk
+from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
+from inferq.shared.models import load_model_config
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
+from inferq.workers.handlers import load_handler
+from inferq.workers.running import ModelRunner
 
 log = logging.getLogger("bench")
 

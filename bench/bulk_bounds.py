@@ -26,7 +26,7 @@ import httpx
 from redis import Redis
 
 from bench.procs import Processes, wait_http
-from shared.redis_server import RedisServer, free_port
+from inferq.shared.redis_server import RedisServer, free_port
 
 ONE = {
     "handler": "tests.support.echo:SlowEcho",

@@ -10,7 +10,7 @@ from typing import Any, Protocol, cast
 from redis import Redis
 
 from bench.procs import Processes, wait_http
-from shared.redis_server import RedisServer, free_port
+from inferq.shared.redis_server import RedisServer, free_port
 
 MODES = ("async", "replica")
 

@@ -41,15 +41,15 @@ from bench.generators import python_loop
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.run import payloads_for
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job
-from shared.lifecycle.info import JobInfo
-from shared.models import ModelConfig, load_model_config
-from shared.redis_server import RedisServer, free_port
-from shared.settings import Settings
-from workers.batching import BatchWorker
-from workers.formats import save_export
-from workers.running import ModelRunner, load_runner
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job
+from inferq.shared.lifecycle.info import JobInfo
+from inferq.shared.models import ModelConfig, load_model_config
+from inferq.shared.redis_server import RedisServer, free_port
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
+from inferq.workers.formats import save_export
+from inferq.workers.running import ModelRunner, load_runner
 
 log = logging.getLogger("bench.gpu")
 RESNET_MAX_BATCH = 64

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workers.formats import save_export
+from inferq.workers.formats import save_export
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.redis_server import die_with_parent
+from inferq.shared.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,16 +33,16 @@ from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.report import write_report
 from bench.shards import two_redis_vs_one
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job
-from shared.keys import queue_name
-from shared.models import load_model_config
-from shared.redis_server import RedisServer, free_port
-from shared.rqjson import JSONQueue
-from shared.settings import Settings
-from workers.batching import BatchWorker
-from workers.handlers import load_handler
-from workers.running import ModelRunner
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job
+from inferq.shared.keys import queue_name
+from inferq.shared.models import load_model_config
+from inferq.shared.redis_server import RedisServer, free_port
+from inferq.shared.rqjson import JSONQueue
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
+from inferq.workers.handlers import load_handler
+from inferq.workers.running import ModelRunner
 
 log = logging.getLogger("bench")
 RESNET_MAX_BATCH = 8

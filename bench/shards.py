@@ -27,10 +27,10 @@ from rq.suspension import resume, suspend
 
 from bench.models import build_models
 from bench.procs import Processes
-from shared.jobs import QueueCache, Submission, enqueue_job
-from shared.lifecycle import rqhash
-from shared.redis_server import RedisServer
-from shared.settings import Settings
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job
+from inferq.shared.lifecycle import rqhash
+from inferq.shared.redis_server import RedisServer
+from inferq.shared.settings import Settings
 
 log = logging.getLogger("bench")
 MODELS = ("noop", "noopb")

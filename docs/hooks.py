@@ -39,7 +39,7 @@ def settings_table() -> str:
     from pydantic import SecretStr
     from pydantic_settings import NoDecode
 
-    from shared.settings import PREFIX, Settings
+    from inferq.shared.settings import PREFIX, Settings
 
     rows = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
     for name, field in Settings.model_fields.items():

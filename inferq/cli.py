@@ -26,11 +26,11 @@ from inferq.client import (
     TransportError,
     WaitTimeout,
 )
-from shared.errors import EXIT_CONFIG, AppError, ConfigError
-from shared.settings import Settings, get_settings
+from inferq.shared.errors import EXIT_CONFIG, AppError, ConfigError
+from inferq.shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
-    from shared.models import ModelRepository
+    from inferq.shared.models import ModelRepository
 
 log = logging.getLogger("inferq")
 # Connections the kernel holds for the API before it accepts them: a thousand clients arriving at once fit.
@@ -133,7 +133,7 @@ def _require_redis(settings: Settings) -> str:
     if not settings.redis_url:
         raise AppError("INFERQ_REDIS_URL is not set; use `inferq up` to start a private Redis")
     if settings.durability == "fsync":
-        from shared import connections, durability
+        from inferq.shared import connections, durability
 
         for url in settings.redis_urls().values():
             with connections.connect(url, settings.redis_timeout_s) as connection:
@@ -144,9 +144,9 @@ def _require_redis(settings: Settings) -> str:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
-    from api.http_protocol import HttpProtocol
-    from shared.models import load_model_configs
+    from inferq.api.app import create_app
+    from inferq.api.http_protocol import HttpProtocol
+    from inferq.shared.models import load_model_configs
 
     settings = settings_of(args)
     _require_redis(settings)
@@ -166,7 +166,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be between 1 and {API_MAX_WORKERS}, got {settings.api_workers}")
     # uvicorn's own worker processes share the socket; each builds its app (its Redis clients, its event
     # subscriber) from the environment, so --host and --port, the only flags, matter to this process alone.
-    uvicorn.run("api.app:create_worker_app", factory=True, workers=settings.api_workers, **options)
+    uvicorn.run("inferq.api.app:create_worker_app", factory=True, workers=settings.api_workers, **options)
     return 0
 
 
@@ -182,13 +182,13 @@ def _raise_open_files_limit() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from shared import connections, shards
-    from shared.lifecycle.claims import BLOCK_SLICE_S
-    from shared.models import load_model_configs
-    from shared.rqjson import check_rq_version, refuse_pickle
-    from workers.batching import BatchWorker
-    from workers.handlers import resolve_device
-    from workers.running import load_runner
+    from inferq.shared import connections, shards
+    from inferq.shared.lifecycle.claims import BLOCK_SLICE_S
+    from inferq.shared.models import load_model_configs
+    from inferq.shared.rqjson import check_rq_version, refuse_pickle
+    from inferq.workers.batching import BatchWorker
+    from inferq.workers.handlers import resolve_device
+    from inferq.workers.running import load_runner
 
     settings = get_settings()
     _require_redis(settings)
@@ -221,7 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_wait_ms=max_wait_ms,
         name=args.name or _unique_name("+".join(names)),
     )
-    from shared.gc_tuning import tune_for_serving
+    from inferq.shared.gc_tuning import tune_for_serving
 
     tune_for_serving()  # the models are loaded: nothing they hold is walked by a collection again
     worker.work(burst=args.burst, logging_level=args.log_level)
@@ -234,9 +234,9 @@ def _report_invalid(configs: ModelRepository) -> None:
 
 
 def cmd_webhooks(args: argparse.Namespace) -> int:
-    from shared import connections
-    from shared.rqjson import refuse_pickle
-    from workers.webhooks import webhook_worker
+    from inferq.shared import connections
+    from inferq.shared.rqjson import refuse_pickle
+    from inferq.workers.webhooks import webhook_worker
 
     settings = get_settings()
     _require_redis(settings)

@@ -25,8 +25,8 @@ from rq.utils import as_text
 from rq.worker import Worker
 from rq.worker_registration import clean_worker_registry
 
-from shared import keys
-from shared.rqjson import JSONJob, JSONQueue
+from inferq.shared import keys
+from inferq.shared.rqjson import JSONJob, JSONQueue
 
 # /proc/stat's boot time has whole seconds; a PID reused this soon after a worker's birth is not plausible.
 CLOCK_SLACK_S = 2.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.connections import parse
-from shared.settings import get_settings
+from inferq.shared.connections import parse
+from inferq.shared.settings import get_settings
 
 _target = parse(get_settings().redis_url or "redis://127.0.0.1:6379/0")
 if _target.is_sentinel:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from shared.errors import EXIT_CONFIG
-from shared.redis_server import RedisServer, RedisServerError, die_with_parent
+from inferq.shared.errors import EXIT_CONFIG
+from inferq.shared.redis_server import RedisServer, RedisServerError, die_with_parent
 
 log = logging.getLogger("inferq")
 # Exits within this window count towards the pause before the next restart: 0 s, 1 s, 2 s, 4 s... up to

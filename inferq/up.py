@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.connections import redact
-from shared.errors import ConfigError
-from shared.settings import Settings
+from inferq.shared.connections import redact
+from inferq.shared.errors import ConfigError
+from inferq.shared.settings import Settings
 
 if TYPE_CHECKING:
-    from shared.models import ModelRepository
-    from shared.redis_server import RedisServer
+    from inferq.shared.models import ModelRepository
+    from inferq.shared.redis_server import RedisServer
 
 log = logging.getLogger("inferq")
 
@@ -26,11 +26,11 @@ log = logging.getLogger("inferq")
 def cmd_up(args: argparse.Namespace) -> int:
     from inferq.cli import settings_of
     from inferq.leftovers import clear_leftovers
+    from inferq.shared import connections, keys, shards
+    from inferq.shared.models import load_model_configs
+    from inferq.shared.redis_server import RedisServer, port_in_use
     from inferq.supervisor import Child, Supervisor
-    from shared import connections, keys, shards
-    from shared.models import load_model_configs
-    from shared.redis_server import RedisServer, port_in_use
-    from workers.outage import Outage
+    from inferq.workers.outage import Outage
 
     settings = settings_of(args)
     configs = load_model_configs(settings.models_dir, settings.redis_shards)
@@ -111,7 +111,7 @@ def print_banner(
 
 def _rq_info(redis_url: str, shown: str) -> str:
     """The ``rq info`` command for this Redis: ``-u`` takes a plain URL; a Sentinel group needs rq's config module."""
-    from shared.connections import parse
+    from inferq.shared.connections import parse
 
     if not parse(redis_url).is_sentinel:
         return f"{_tool('rq')} info -u {shown}"

@@ -17,9 +17,9 @@ from typing import Any, cast
 
 import redis
 
-from shared import keys
-from shared.errors import ConfigError
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.errors import ConfigError
+from inferq.shared.settings import Settings
 
 # Commands the API sends that write nothing: a pipeline of these alone needs no WAIT.
 READ_ONLY = frozenset(

@@ -17,12 +17,12 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
-from shared import keys
-from shared.errors import NotFound
-from shared.lifecycle import layout, rqhash, submit
-from shared.lifecycle.info import JobInfo, at_submit
-from shared.rqjson import JSONQueue
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.errors import NotFound
+from inferq.shared.lifecycle import layout, rqhash, submit
+from inferq.shared.lifecycle.info import JobInfo, at_submit
+from inferq.shared.rqjson import JSONQueue
+from inferq.shared.settings import Settings
 
 TERMINAL = ("finished", "failed", "canceled", "expired")
 # RQ statuses a client never needs to tell apart.

@@ -12,15 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.errors import ConfigError
+from inferq.shared.errors import ConfigError
 
 # Re-exported: handlers and tests name the input classes from here.
-from shared.inputs import ImageInput as ImageInput
-from shared.inputs import Input
-from shared.inputs import JsonInput as JsonInput
-from shared.inputs import TensorInput as TensorInput
-from shared.inputs import TextInput as TextInput
-from shared.keys import MODEL_NAME_RE
+from inferq.shared.inputs import ImageInput as ImageInput
+from inferq.shared.inputs import Input
+from inferq.shared.inputs import JsonInput as JsonInput
+from inferq.shared.inputs import TensorInput as TensorInput
+from inferq.shared.inputs import TextInput as TextInput
+from inferq.shared.keys import MODEL_NAME_RE
 
 BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor", "text_classifier", "text_embedding")
 # How the weights are stored; a config without "format" keeps the original TorchScript loading.

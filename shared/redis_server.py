@@ -22,7 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.errors import ConfigError
+from inferq.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 _BIND_RETRIES = 5
@@ -85,7 +85,7 @@ def find_redis_server(choice: str | None = None) -> str:
 
 def default_server() -> str:
     """The server binary ``inferq up`` and the tests start: INFERQ_REDIS_SERVER's choice, else find_redis_server()."""
-    from shared.settings import get_settings
+    from inferq.shared.settings import get_settings
 
     return find_redis_server(get_settings().redis_server)
 

@@ -22,8 +22,9 @@ from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import DefaultSerializer, JSONSerializer
+from rq.utils import import_attribute
 
-from shared.errors import ConfigError
+from inferq.shared.errors import ConfigError
 
 
 class PickleRefused(RuntimeError):
@@ -50,11 +51,24 @@ for _module in (rq.job, rq.queue, rq.registry, rq.results):
     _module.resolve_serializer = _fast_resolve  # type: ignore[attr-defined]
 
 
+# Top-level packages whose job functions RQ stored before inferq became one package ("workers.tasks.infer",
+# "workers.webhooks.deliver" in jobs queued by 0.1.0): their functions live under inferq.<folder> now.
+_FOLDERS = ("api.", "shared.", "workers.")
+
+
 class JSONJob(Job):
     """An RQ job whose default serializer is JSON."""
 
     def __init__(self, id: str | None = None, connection: Redis | None = None, serializer: Any = None):
         super().__init__(id, connection=connection, serializer=serializer or JSONSerializer)
+
+    @property
+    def func(self) -> Any:
+        """RQ's own lookup, but a function stored under a server folder's bare name is found in the package."""
+        name = self.func_name
+        if name is not None and name.startswith(_FOLDERS) and self.instance is None:
+            return import_attribute(f"inferq.{name}")
+        return super().func
 
 
 class JSONQueue(Queue):

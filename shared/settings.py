@@ -15,8 +15,8 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
-from shared import shards
-from shared.errors import ConfigError
+from inferq.shared import shards
+from inferq.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PREFIX = "INFERQ_"

@@ -17,8 +17,8 @@ import re
 import secrets
 from collections.abc import Iterable
 
-from shared import keys
-from shared.errors import ConfigError
+from inferq.shared import keys
+from inferq.shared.errors import ConfigError
 
 DEFAULT = "default"
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from urllib.parse import urlsplit
 
-from shared.errors import InvalidInput
+from inferq.shared.errors import InvalidInput
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

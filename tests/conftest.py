@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from shared.redis_server import RedisServer
-from shared.settings import get_settings
+from inferq.shared.redis_server import RedisServer
+from inferq.shared.settings import get_settings
 from tests.support.signals import kept_signal_handlers
 
 TESTS = Path(__file__).resolve().parent

@@ -33,19 +33,19 @@ from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import durability, keys, metrics
-from shared.connections import is_unavailable
-from shared.lifecycle import bulk, claims, finish, layout
-from shared.lifecycle.claims import Claimed
-from shared.lifecycle.info import F
-from shared.lifecycle.queues import register_queues
-from shared.rqjson import JSONJob, JSONQueue
-from shared.settings import Settings
-from workers.lanes import LanePolicy
-from workers.outage import Outage
-from workers.outcomes import chunk_outcome, outcome_of
-from workers.prefetch import Prefetcher
-from workers.running import (
+from inferq.shared import durability, keys, metrics
+from inferq.shared.connections import is_unavailable
+from inferq.shared.lifecycle import bulk, claims, finish, layout
+from inferq.shared.lifecycle.claims import Claimed
+from inferq.shared.lifecycle.info import F
+from inferq.shared.lifecycle.queues import register_queues
+from inferq.shared.rqjson import JSONJob, JSONQueue
+from inferq.shared.settings import Settings
+from inferq.workers.lanes import LanePolicy
+from inferq.workers.outage import Outage
+from inferq.workers.outcomes import chunk_outcome, outcome_of
+from inferq.workers.prefetch import Prefetcher
+from inferq.workers.running import (
     BatchReport,
     BatchTimeout,
     Item,
@@ -55,7 +55,7 @@ from workers.running import (
     run_batch,
     run_prepared,
 )
-from workers.threads import Finisher, KeepAlive
+from inferq.workers.threads import Finisher, KeepAlive
 
 log = logging.getLogger(__name__)
 

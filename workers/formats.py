@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from shared.errors import ConfigError
-from shared.models import ModelConfig
+from inferq.shared.errors import ConfigError
+from inferq.shared.models import ModelConfig
 
 log = logging.getLogger(__name__)
 

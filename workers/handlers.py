@@ -17,11 +17,11 @@ import orjson
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from shared.errors import ConfigError, InvalidInput, UnsupportedMedia
-from shared.inputs.image import IMAGE_FORMATS, check_png_chunks
-from shared.models import ImageInput, ModelConfig, TensorInput
-from workers.collation import move_batch, pad_sequences, split, stack, to_device
-from workers.formats import DTYPES, import_object, load_model
+from inferq.shared.errors import ConfigError, InvalidInput, UnsupportedMedia
+from inferq.shared.inputs.image import IMAGE_FORMATS, check_png_chunks
+from inferq.shared.models import ImageInput, ModelConfig, TensorInput
+from inferq.workers.collation import move_batch, pad_sequences, split, stack, to_device
+from inferq.workers.formats import DTYPES, import_object, load_model
 
 __all__ = ["Handler", "finite_list", "load_handler", "move_batch", "pad_sequences", "resolve_device"]
 
@@ -67,8 +67,8 @@ class Handler:
 
         import torch
 
-        from shared.errors import InvalidInput
-        from workers.handlers import Handler, finite_list, pad_sequences
+        from inferq.shared.errors import InvalidInput
+        from inferq.workers.handlers import Handler, finite_list, pad_sequences
 
 
         class Detector(Handler):
@@ -366,11 +366,11 @@ def _check_array(value: Any, shape: tuple[int, ...], integer: bool, where: str) 
 
 # Built-in handlers by config name; text handlers live in workers.text (they need transformers).
 BUILTINS: dict[str, str] = {
-    "image_classifier": "workers.handlers:ImageClassifier",
-    "image_embedding": "workers.handlers:ImageEmbedding",
-    "tensor": "workers.handlers:TensorHandler",
-    "text_classifier": "workers.text:TextClassifier",
-    "text_embedding": "workers.text:TextEmbedding",
+    "image_classifier": "inferq.workers.handlers:ImageClassifier",
+    "image_embedding": "inferq.workers.handlers:ImageEmbedding",
+    "tensor": "inferq.workers.handlers:TensorHandler",
+    "text_classifier": "inferq.workers.text:TextClassifier",
+    "text_embedding": "inferq.workers.text:TextEmbedding",
 }
 
 
@@ -379,7 +379,9 @@ def load_handler(config: ModelConfig, device: torch.device, **kwargs: Any) -> Ha
     spec = BUILTINS.get(config.handler, config.handler)
     cls = import_object(spec, f"model {config.name!r}: handler")
     if not (isinstance(cls, type) and issubclass(cls, Handler)):
-        raise ConfigError(f"model {config.name!r}: handler {spec!r} is not a subclass of workers.handlers.Handler")
+        raise ConfigError(
+            f"model {config.name!r}: handler {spec!r} is not a subclass of inferq.workers.handlers.Handler"
+        )
     # The worker passes the same options to every model; each handler takes only those it declares.
     params = inspect.signature(cls).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared import keys
+from inferq.shared import keys
 
 
 @dataclass(frozen=True)

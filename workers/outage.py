@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import redis
 
-from shared.connections import is_unavailable, why_unavailable
+from inferq.shared.connections import is_unavailable, why_unavailable
 
-log = logging.getLogger("workers.outage")
+log = logging.getLogger("inferq.workers.outage")
 T = TypeVar("T")
 FIRST_PAUSE_S = 0.25
 MAX_PAUSE_S = 5.0

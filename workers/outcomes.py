@@ -8,13 +8,13 @@ from typing import Any
 
 from rq.utils import now
 
-from shared import metrics
-from shared.jobs import ended_view
-from shared.lifecycle.claims import Claimed
-from shared.lifecycle.finish import Outcome
-from shared.lifecycle.info import F, JobInfo, at_finish
-from shared.settings import Settings
-from workers.running import Item
+from inferq.shared import metrics
+from inferq.shared.jobs import ended_view
+from inferq.shared.lifecycle.claims import Claimed
+from inferq.shared.lifecycle.finish import Outcome
+from inferq.shared.lifecycle.info import F, JobInfo, at_finish
+from inferq.shared.settings import Settings
+from inferq.workers.running import Item
 
 
 def chunk_outcome(items: list[Item], batch_size: int, model: str, worker_name: str, settings: Settings) -> Outcome:

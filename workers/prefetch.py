@@ -21,12 +21,12 @@ import torch
 from redis import Redis
 from rq.queue import Queue
 
-from shared import keys
-from shared.lifecycle import claims, layout
-from workers.outage import Outage
-from workers.running import Item, ModelRunner, Prepared, prepare
+from inferq.shared import keys
+from inferq.shared.lifecycle import claims, layout
+from inferq.workers.outage import Outage
+from inferq.workers.running import Item, ModelRunner, Prepared, prepare
 
-log = logging.getLogger("workers.batching")
+log = logging.getLogger("inferq.workers.batching")
 
 # A prefetched batch waits unstarted in RQ's intermediate list, where maintenance takes back a job left
 # over a minute (it would run twice); one held this long (the batch before it runs long) goes back first.

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from shared.errors import AppError, ConfigError
-from shared.lifecycle.claims import Claimed
-from shared.models import ModelConfig
-from workers.collation import CountMismatch, record_stream, signature
-from workers.handlers import Handler, load_handler
+from inferq.shared.errors import AppError, ConfigError
+from inferq.shared.lifecycle.claims import Claimed
+from inferq.shared.models import ModelConfig
+from inferq.workers.collation import CountMismatch, record_stream, signature
+from inferq.workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
 # Weight formats stored as a traced graph, whose shapes (the batch axis among them) may have been fixed when saved.
@@ -222,7 +222,7 @@ def _collate_apart(runner: ModelRunner, items: list[Item], exc: Exception, repor
         runner.warned_shapes = True
         log.warning(
             "model %s: its handler's collate cannot batch items of different shapes (%s); running them in groups "
-            "of one shape. Pad them in collate (workers.handlers.pad_sequences) to batch them together.",
+            "of one shape. Pad them in collate (inferq.workers.handlers.pad_sequences) to batch them together.",
             runner.config.name,
             readable(exc),
         )
@@ -321,7 +321,7 @@ def check_batch_axis(runner: ModelRunner) -> None:
         "model %r takes one item at a time: a batch of 2 fails (%s) where one item runs, so it is served at batch 1, "
         "not %d. Its batch axis was fixed when it was exported; to batch, export it with a dynamic one: "
         'torch.export.export(model, args, dynamic_shapes=({0: torch.export.Dim("batch")},)), '
-        "which workers.formats.save_export does",
+        "which inferq.workers.formats.save_export does",
         config.name,
         readable(at_two),
         runner.max_batch,

@@ -12,12 +12,12 @@ from typing import Any, cast
 
 from rq import get_current_job
 
-from shared import keys
-from shared.errors import InvalidInput
-from shared.lifecycle.info import F
-from shared.models import load_model_config
-from shared.settings import get_settings
-from workers.handlers import Handler, load_handler, resolve_device
+from inferq.shared import keys
+from inferq.shared.errors import InvalidInput
+from inferq.shared.lifecycle.info import F
+from inferq.shared.models import load_model_config
+from inferq.shared.settings import get_settings
+from inferq.workers.handlers import Handler, load_handler, resolve_device
 
 
 @lru_cache(maxsize=8)

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from shared.errors import ConfigError, InvalidInput
-from shared.models import ModelConfig
-from workers.collation import pad_sequences, to_device
-from workers.formats import load_tokenizer
-from workers.handlers import Handler, finite_list
+from inferq.shared.errors import ConfigError, InvalidInput
+from inferq.shared.models import ModelConfig
+from inferq.workers.collation import pad_sequences, to_device
+from inferq.workers.formats import load_tokenizer
+from inferq.workers.handlers import Handler, finite_list
 
 # What a tokenizer reports as model_max_length when its files set none.
 _UNSET_LENGTH = 1_000_000

@@ -33,16 +33,16 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared import keys, metrics, signing
-from shared.connections import is_unavailable
-from shared.errors import InvalidInput, NotFound
-from shared.jobs import get_job_view, isoformat, utcnow
-from shared.lifecycle import bulk, layout
-from shared.lifecycle.queues import register_queues
-from shared.rqjson import JSONJob, JSONQueue
-from shared.settings import Settings, get_settings
-from shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
-from workers.outage import Outage
+from inferq.shared import keys, metrics, signing
+from inferq.shared.connections import is_unavailable
+from inferq.shared.errors import InvalidInput, NotFound
+from inferq.shared.jobs import get_job_view, isoformat, utcnow
+from inferq.shared.lifecycle import bulk, layout
+from inferq.shared.lifecycle.queues import register_queues
+from inferq.shared.rqjson import JSONJob, JSONQueue
+from inferq.shared.settings import Settings, get_settings
+from inferq.shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
+from inferq.workers.outage import Outage
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}

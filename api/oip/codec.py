@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import InvalidInput, UnsupportedMedia
-from shared.models import ModelConfig, TensorInput
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.models import ModelConfig, TensorInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"

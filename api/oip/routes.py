@@ -17,19 +17,19 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.auth import Owner
-from api.deps import Model, State
-from api.errors import error_response
-from api.inputs import prefer_wait, read_body
-from api.oip import codec
-from api.routers.jobs import wait_for_end
-from api.routers.models import live_workers
-from shared import shards
-from shared.errors import InvalidInput, NotFound, UnsupportedMedia
-from shared.inputs import input_kind
-from shared.jobs import Submission, enqueue_job_async, isoformat, public_status
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.api.auth import Owner
+from inferq.api.deps import Model, State
+from inferq.api.errors import error_response
+from inferq.api.inputs import prefer_wait, read_body
+from inferq.api.oip import codec
+from inferq.api.routers.jobs import wait_for_end
+from inferq.api.routers.models import live_workers
+from inferq.shared import shards
+from inferq.shared.errors import InvalidInput, NotFound, UnsupportedMedia
+from inferq.shared.inputs import input_kind
+from inferq.shared.jobs import Submission, enqueue_job_async, isoformat, public_status
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"], include_in_schema=False)
 SERVER_NAME = "inferq"

@@ -12,15 +12,15 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import Owner
-from api.bulk_upload import LineChecker, read_upload
-from api.deps import Model, State
-from api.schemas import ERRORS
-from shared import keys, shards
-from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.lifecycle import bulk, upload
-from shared.lifecycle.upload import BatchWriter
-from shared.urls import check_webhook_target_async
+from inferq.api.auth import Owner
+from inferq.api.bulk_upload import LineChecker, read_upload
+from inferq.api.deps import Model, State
+from inferq.api.schemas import ERRORS
+from inferq.shared import keys, shards
+from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from inferq.shared.lifecycle import bulk, upload
+from inferq.shared.lifecycle.upload import BatchWriter
+from inferq.shared.urls import check_webhook_target_async
 
 router = APIRouter(tags=["batches"])
 

@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from api.deps import AppState, State
-from api.routers.models import invalid_models, live_workers
-from shared import durability, shards
-from shared.errors import Unavailable
+from inferq.api.deps import AppState, State
+from inferq.api.routers.models import invalid_models, live_workers
+from inferq.shared import durability, shards
+from inferq.shared.errors import Unavailable
 
 router = APIRouter(tags=["health"])
 

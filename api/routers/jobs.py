@@ -19,13 +19,13 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import Owner, require_key
-from api.deps import AppState, Model, Shard, State, state_of
-from api.inputs import parse_submission, prefer_wait, read_body
-from api.schemas import ERRORS, request_body
-from shared import shards
-from shared.inputs import input_kind
-from shared.jobs import (
+from inferq.api.auth import Owner, require_key
+from inferq.api.deps import AppState, Model, Shard, State, state_of
+from inferq.api.inputs import parse_submission, prefer_wait, read_body
+from inferq.api.schemas import ERRORS, request_body
+from inferq.shared import shards
+from inferq.shared.inputs import input_kind
+from inferq.shared.jobs import (
     TERMINAL,
     Submission,
     cancel_job,
@@ -35,11 +35,11 @@ from shared.jobs import (
     public_status,
     view_from_event,
 )
-from shared.lifecycle.submit import Enqueued
-from shared.models import ModelConfig
-from shared.settings import Settings
-from shared.urls import check_webhook_target_async
-from shared.view import JobAccepted, JobView
+from inferq.shared.lifecycle.submit import Enqueued
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
+from inferq.shared.urls import check_webhook_target_async
+from inferq.shared.view import JobAccepted, JobView
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.

@@ -22,9 +22,9 @@ from redis import Redis
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import AppState, State
-from shared import durability, keys, metrics
-from shared.lifecycle import census
+from inferq.api.deps import AppState, State
+from inferq.shared import durability, keys, metrics
+from inferq.shared.lifecycle import census
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])

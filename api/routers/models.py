@@ -8,12 +8,12 @@ from pydantic import BaseModel
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
-from api.auth import require_key
-from api.deps import AppState, Model, State
-from api.schemas import ERRORS, ModelPublic
-from shared import keys
-from shared.models import ModelConfig
-from shared.rqjson import JSONJob, JSONQueue
+from inferq.api.auth import require_key
+from inferq.api.deps import AppState, Model, State
+from inferq.api.schemas import ERRORS, ModelPublic
+from inferq.shared import keys
+from inferq.shared.models import ModelConfig
+from inferq.shared.rqjson import JSONJob, JSONQueue
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
 

@@ -10,10 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from api.auth import require_key
-from api.deps import AppState, State
-from shared import metrics
-from shared.lifecycle import census
+from inferq.api.auth import require_key
+from inferq.api.deps import AppState, State
+from inferq.shared import metrics
+from inferq.shared.lifecycle import census
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 # The charts' span, and the span of the page's throughput figure.

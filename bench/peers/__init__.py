@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workers.handlers import Handler
+    from inferq.workers.handlers import Handler
 
 # A GET never blocks longer than this, whatever ?wait= asks.
 MAX_WAIT_S = 60.0
@@ -41,8 +41,8 @@ def load_model(model_dir: str | Path, threads: int) -> Handler:
     # torch only here: the queue peers' API processes never run the model.
     import torch
 
-    from shared.models import load_model_config
-    from workers.handlers import load_handler
+    from inferq.shared.models import load_model_config
+    from inferq.workers.handlers import load_handler
 
     torch.set_num_threads(threads)
     device = torch.device(os.environ.get("INFERQ_BENCH_DEVICE", "cpu"))

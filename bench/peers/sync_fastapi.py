@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from bench.peers import job_view, load_model, parser, run_one
-from shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
 
 MODEL: Any = None
 

@@ -20,7 +20,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
-from workers.formats import save_export
+from inferq.workers.formats import save_export
 
 HERE = Path(__file__).resolve().parent
 MIN_ACCURACY = 0.97

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from shared.inputs import document, image, tensor, text
-from shared.inputs.base import InputKind, Payload
-from shared.inputs.document import JsonInput
-from shared.inputs.image import ImageInput
-from shared.inputs.tensor import TensorInput
-from shared.inputs.text import TextInput
+from inferq.shared.inputs import document, image, tensor, text
+from inferq.shared.inputs.base import InputKind, Payload
+from inferq.shared.inputs.document import JsonInput
+from inferq.shared.inputs.image import ImageInput
+from inferq.shared.inputs.tensor import TensorInput
+from inferq.shared.inputs.text import TextInput
 
 __all__ = [
     "KINDS",

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from shared.settings import Settings
+from inferq.shared.settings import Settings
 
 Spec = TypeVar("Spec", bound=BaseModel)
 

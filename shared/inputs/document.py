@@ -15,9 +15,9 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012, specification_with
 
-from shared.errors import ConfigError, InvalidInput
-from shared.inputs.base import InputKind, Payload, json_type
-from shared.settings import Settings
+from inferq.shared.errors import ConfigError, InvalidInput
+from inferq.shared.inputs.base import InputKind, Payload, json_type
+from inferq.shared.settings import Settings
 
 _MAX_MESSAGE_CHARS = 300
 

@@ -9,10 +9,10 @@ from typing import Any, Literal
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import InvalidInput, UnsupportedMedia
-from shared.inputs.base import InputKind, Payload
-from shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_chunks, png_size
-from shared.settings import Settings
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.inputs.base import InputKind, Payload
+from inferq.shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_chunks, png_size
+from inferq.shared.settings import Settings
 
 
 class ImageInput(BaseModel):

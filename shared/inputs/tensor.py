@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.errors import InvalidInput
-from shared.inputs.base import InputKind, JsonBound, Payload, json_type
-from shared.settings import Settings
+from inferq.shared.errors import InvalidInput
+from inferq.shared.inputs.base import InputKind, JsonBound, Payload, json_type
+from inferq.shared.settings import Settings
 
 # What the worker's torch.tensor(..., dtype) can hold. Past these, int64 and float64 raise in the
 # worker (one failed job, after queueing), and float32 silently turns the number into infinity.

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import InvalidInput, UnsupportedMedia
-from shared.inputs.base import InputKind, Payload, json_type
-from shared.settings import Settings
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.inputs.base import InputKind, Payload, json_type
+from inferq.shared.settings import Settings
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _UTF8 = ("utf-8", "utf8")

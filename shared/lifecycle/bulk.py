@@ -19,13 +19,13 @@ from typing import Any, cast
 from redis import Redis
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import durability, keys
-from shared.lifecycle import bulk_scripts, calls, layout
-from shared.lifecycle.lua import CANCELED_LINE_TAIL, told
-from shared.lifecycle.upload import BatchWriter
-from shared.lifecycle.upload import BulkItem as BulkItem
-from shared.lifecycle.upload import decode_chunk as decode_chunk
-from shared.settings import Settings
+from inferq.shared import durability, keys
+from inferq.shared.lifecycle import bulk_scripts, calls, layout
+from inferq.shared.lifecycle.lua import CANCELED_LINE_TAIL, told
+from inferq.shared.lifecycle.upload import BatchWriter
+from inferq.shared.lifecycle.upload import BulkItem as BulkItem
+from inferq.shared.lifecycle.upload import decode_chunk as decode_chunk
+from inferq.shared.settings import Settings
 
 # One cancel call takes at most this many chunks, and the chunks of at most this many items (one chunk if a
 # chunk holds more): a few milliseconds of Redis at most (bench/bulk_bounds.py measures it).

@@ -8,7 +8,7 @@ no cancel reads the queue once per chunk. How the steps of an upload fit togethe
 
 from __future__ import annotations
 
-from shared.lifecycle.lua import Script
+from inferq.shared.lifecycle.lua import Script
 
 CHECK_IDS = Script.load("check-ids")
 STAGE_CHUNKS = Script.load("stage-chunks")

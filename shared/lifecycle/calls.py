@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shared import keys, metrics
-from shared.lifecycle import layout
-from shared.settings import Settings
+from inferq.shared import keys, metrics
+from inferq.shared.lifecycle import layout
+from inferq.shared.settings import Settings
 
 # What a client is told an RQ end status is.
 TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed", "canceled": "canceled"}

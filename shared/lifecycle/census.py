@@ -16,8 +16,8 @@ from typing import Any, cast
 from redis import Redis
 from rq.worker_registration import REDIS_WORKER_KEYS
 
-from shared import keys, metrics
-from shared.lifecycle import layout
+from inferq.shared import keys, metrics
+from inferq.shared.lifecycle import layout
 
 
 def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:

@@ -20,12 +20,12 @@ from redis.client import Pipeline
 from rq.exceptions import DequeueTimeout
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import durability, keys
-from shared.lifecycle import calls, layout, rqhash, scripts
-from shared.lifecycle.info import F
-from shared.lifecycle.layout import QueueKeys
-from shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
-from shared.settings import Settings
+from inferq.shared import durability, keys
+from inferq.shared.lifecycle import calls, layout, rqhash, scripts
+from inferq.shared.lifecycle.info import F
+from inferq.shared.lifecycle.layout import QueueKeys
+from inferq.shared.lifecycle.lua import DIED_LINE_TAIL, EXPIRED_LINE_TAIL, told
+from inferq.shared.settings import Settings
 
 # How long an idle worker serving several models waits between claims, at most.
 MULTI_QUEUE_POLL_S = 0.02

@@ -17,13 +17,13 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import durability, keys, metrics
-from shared.lifecycle import calls, layout, scripts
-from shared.lifecycle.claims import Claimed
-from shared.lifecycle.layout import QueueKeys
-from shared.lifecycle.lua import told
-from shared.metrics import Increments
-from shared.settings import Settings
+from inferq.shared import durability, keys, metrics
+from inferq.shared.lifecycle import calls, layout, scripts
+from inferq.shared.lifecycle.claims import Claimed
+from inferq.shared.lifecycle.layout import QueueKeys
+from inferq.shared.lifecycle.lua import told
+from inferq.shared.metrics import Increments
+from inferq.shared.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegis
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from shared import keys
-from shared.rqjson import JSONJob, JSONQueue
+from inferq.shared import keys
+from inferq.shared.rqjson import JSONJob, JSONQueue
 
-DELIVER_FUNC = "workers.webhooks.deliver"
-INFER_FUNC = "workers.tasks.infer"
+DELIVER_FUNC = "inferq.workers.webhooks.deliver"
+INFER_FUNC = "inferq.workers.tasks.infer"
 # Times a delivery is run again if the sender running it dies (SIGKILL, OOM): at-least-once.
 WEBHOOK_CRASH_RETRIES = 3
 DELIVERY_PREFIX = keys.DELIVERY_PREFIX

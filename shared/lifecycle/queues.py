@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from redis import Redis
 
-from shared.lifecycle import layout
+from inferq.shared.lifecycle import layout
 
 
 def register_queues(connection: Redis, names: Iterable[str]) -> None:

@@ -15,8 +15,8 @@ lacks the script: the body is not sent, nor hashed by Redis, on every submit.
 
 from __future__ import annotations
 
-from shared.lifecycle import bulk_scripts
-from shared.lifecycle.lua import Script
+from inferq.shared.lifecycle import bulk_scripts
+from inferq.shared.lifecycle.lua import Script
 
 CLAIM_FIRST = Script.load("claim-first")
 POP = Script.load("pop")

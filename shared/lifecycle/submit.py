@@ -19,11 +19,11 @@ from redis.asyncio import Redis as AsyncRedis
 from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
-from shared import durability, keys
-from shared.errors import Conflict, InvalidInput, NotFound, QueueFull
-from shared.lifecycle import calls, layout, rqhash, scripts
-from shared.lifecycle.lua import told
-from shared.settings import Settings
+from inferq.shared import durability, keys
+from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from inferq.shared.lifecycle import calls, layout, rqhash, scripts
+from inferq.shared.lifecycle.lua import told
+from inferq.shared.settings import Settings
 
 
 @dataclass(frozen=True)

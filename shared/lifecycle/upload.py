@@ -29,11 +29,11 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.utils import now, utcformat
 
-from shared import durability, keys
-from shared.errors import PayloadTooLarge
-from shared.lifecycle import bulk_scripts, layout, submit
-from shared.lifecycle.lua import told
-from shared.settings import Settings
+from inferq.shared import durability, keys
+from inferq.shared.errors import PayloadTooLarge
+from inferq.shared.lifecycle import bulk_scripts, layout, submit
+from inferq.shared.lifecycle.lua import told
+from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 CHUNK_CONTENT_TYPE = "application/vnd.inferq.chunk+json"

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import redis as redis_py
 
-from api.app import REDIS_POOL_SIZE
-from shared import keys
-from shared.lifecycle import layout
-from shared.redis_server import free_port
+from inferq.api.app import REDIS_POOL_SIZE
+from inferq.shared import keys
+from inferq.shared.lifecycle import layout
+from inferq.shared.redis_server import free_port
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redis_server import RedisServer, die_with_parent, free_port
+from inferq.shared.redis_server import RedisServer, die_with_parent, free_port
 from tests.support.models import ROOT
 
 MODEL_DIR = ROOT / "models" / "digits"

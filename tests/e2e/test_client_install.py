@@ -21,8 +21,8 @@ NOT_SOURCES = (".git", ".venv", ".inferq", "site", "build", "*.egg-info", "__pyc
 SERVER_ONLY = ("torch", "fastapi", "uvicorn", "transformers", "redis", "rq", "numpy", "PIL")
 
 
-def _run(*cmd: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+def _run(*cmd: str | Path, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +52,10 @@ def test_the_client_install_holds_the_sdk_and_none_of_the_server(client_venv: Pa
     code = (
         "import importlib.util\n"
         "from inferq.client import AsyncClient, Client, verify_webhook\n"
-        f"print([m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m) is not None])"
+        f"print([m for m in {(*SERVER_ONLY, 'api', 'shared', 'workers')!r} if importlib.util.find_spec(m) is not None])"
     )
-    found = _run(client_venv / "bin" / "python", "-c", code)
+    # Run away from the checkout: `python -c` puts its working directory first on sys.path.
+    found = _run(client_venv / "bin" / "python", "-c", code, cwd=client_venv)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "[]"
 
@@ -70,7 +71,17 @@ def test_the_client_commands_work_and_the_server_commands_say_what_to_install(cl
 
 
 def test_the_wheel_carries_the_lifecycle_scripts(wheel: Path) -> None:
-    sources = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "shared/lifecycle/lua").rglob("*.lua"))
+    lua = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "shared/lifecycle/lua").rglob("*.lua"))
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(name for name in archive.namelist() if name.endswith(".lua"))
-    assert shipped == sources and len(sources) > 10
+    assert shipped == [f"inferq/{name}" for name in lua] and len(lua) > 10
+
+
+def test_the_wheel_installs_one_package(wheel: Path) -> None:
+    """Nothing named api, shared or workers lands in a user's site-packages: the server's folders are inside inferq."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"inferq"}
+    for folder in ("api", "shared", "workers"):
+        assert f"inferq/{folder}/__init__.py" in names
+    assert "inferq/api/static/index.html" in names

@@ -15,9 +15,9 @@ import redis as redis_py
 import yaml
 
 from inferq.cli import COMMANDS, build_parser
-from shared.connections import parse as parse_redis_url
-from shared.redis_server import default_server, free_port
-from shared.settings import Settings
+from inferq.shared.connections import parse as parse_redis_url
+from inferq.shared.redis_server import default_server, free_port
+from inferq.shared.settings import Settings
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 

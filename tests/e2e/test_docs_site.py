@@ -19,8 +19,8 @@ from types import ModuleType
 import pytest
 from pydantic import Field
 
-import shared.settings
-from shared.settings import PREFIX, Settings
+import inferq.shared.settings
+from inferq.shared.settings import PREFIX, Settings
 
 # The repository: the folder above that holds mkdocs.yml (this file may sit in a lane's folder of tests/).
 ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "mkdocs.yml").is_file())
@@ -127,14 +127,14 @@ def test_a_new_setting_cannot_be_left_out_of_the_docs(monkeypatch: pytest.Monkey
     class Undescribed(Settings):
         brand_new_s: int = 1
 
-    monkeypatch.setattr(shared.settings, "Settings", Undescribed)
+    monkeypatch.setattr(inferq.shared.settings, "Settings", Undescribed)
     with pytest.raises(ValueError, match="Settings.brand_new_s has no description"):
         module.settings_table()
 
     class Described(Settings):
         brand_new_s: int = Field(default=1, ge=0, description="a setting added after the page was written")
 
-    monkeypatch.setattr(shared.settings, "Settings", Described)
+    monkeypatch.setattr(inferq.shared.settings, "Settings", Described)
     table = module.settings_table()
     assert "| `INFERQ_BRAND_NEW_S` | integer | `1` | ≥ 0 | a setting added after the page was written |" in table
     assert module.with_table(page, table) != page

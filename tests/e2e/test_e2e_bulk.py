@@ -18,10 +18,10 @@ import httpx
 import pytest
 from rq.serializers import JSONSerializer
 
-from api.routers.batches import RESULTS_OFFSET_MAX
-from shared import keys
-from shared.redis_server import RedisServer
-from shared.rqjson import JSONJob
+from inferq.api.routers.batches import RESULTS_OFFSET_MAX
+from inferq.shared import keys
+from inferq.shared.redis_server import RedisServer
+from inferq.shared.rqjson import JSONJob
 from tests.support.echo import POISON
 from tests.support.models import ROOT, train_script
 from tests.support.stack import Stack, new_stack, serving

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import redis as redis_py
 
-from shared import keys
-from shared.redis_server import RedisServer, default_server, server_version
+from inferq.shared import keys
+from inferq.shared.redis_server import RedisServer, default_server, server_version
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redis_server import RedisServer
+from inferq.shared.redis_server import RedisServer
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
 

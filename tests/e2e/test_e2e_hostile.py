@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from shared import keys
-from shared.rqjson import JSONJob
+from inferq.shared import keys
+from inferq.shared.rqjson import JSONJob
 from tests.support.stack import Stack
 
 

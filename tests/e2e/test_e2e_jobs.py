@@ -11,9 +11,9 @@ import httpx
 import pytest
 from rq.serializers import JSONSerializer
 
-from shared import keys
-from shared.redis_server import free_port
-from shared.rqjson import JSONJob
+from inferq.shared import keys
+from inferq.shared.redis_server import free_port
+from inferq.shared.rqjson import JSONJob
 from tests.support.models import ROOT
 from tests.support.stack import Stack
 from tests.support.waiting import wait_until

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from rq.serializers import JSONSerializer
 
-from shared import signing
-from shared.redis_server import free_port
-from shared.rqjson import JSONJob
+from inferq.shared import signing
+from inferq.shared.redis_server import free_port
+from inferq.shared.rqjson import JSONJob
 from tests.support.echo import POISON
 from tests.support.stack import Stack
 from tests.support.waiting import wait_until

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.redis_server import free_port
+from inferq.shared.redis_server import free_port
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
 

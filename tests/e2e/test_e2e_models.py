@@ -11,7 +11,8 @@ import httpx
 import pytest
 import torch
 
-from shared.models import load_model_config
+from inferq.shared.models import load_model_config
+from inferq.workers.running import load_runner
 from tests.support.builders import (
     cnn_in_every_format,
     gray_png,
@@ -22,7 +23,6 @@ from tests.support.builders import (
 )
 from tests.support.models import ROOT, train_script
 from tests.support.stack import Stack, new_stack, serving
-from workers.running import load_runner
 
 LANGID = ROOT / "models" / "langid"
 

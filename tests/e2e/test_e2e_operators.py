@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redis_server import free_port
+from inferq.shared.redis_server import free_port
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redis_server import RedisServer, default_server, server_version
+from inferq.shared.redis_server import RedisServer, default_server, server_version
 from tests.support.proxy import FreezingProxy
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

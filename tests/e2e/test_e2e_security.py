@@ -12,10 +12,10 @@ import pytest
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from api import auth
-from api.app import create_app
-from shared.redis_server import free_port
-from shared.settings import Settings
+from inferq.api import auth
+from inferq.api.app import create_app
+from inferq.shared.redis_server import free_port
+from inferq.shared.settings import Settings
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis as redis_py
 
-from shared import connections
+from inferq.shared import connections
 from tests.support.ha import SERVICE, SentinelGroup
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import redis as redis_py
 
-from shared import shards
-from shared.redis_server import RedisServer
+from inferq.shared import shards
+from inferq.shared.redis_server import RedisServer
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until

@@ -16,7 +16,7 @@ import pytest
 import redis as redis_py
 
 from inferq.leftovers import process_alive
-from shared.redis_server import RedisServer, free_port
+from inferq.shared.redis_server import RedisServer, free_port
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.redis_server import free_port
+from inferq.shared.redis_server import free_port
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 

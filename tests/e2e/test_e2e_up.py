@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from inferq import up
-from shared.models import ModelRepository
-from shared.redis_server import free_port
-from shared.settings import Settings
+from inferq.shared.models import ModelRepository
+from inferq.shared.redis_server import free_port
+from inferq.shared.settings import Settings
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 

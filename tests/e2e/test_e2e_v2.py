@@ -16,8 +16,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from shared import keys
-from shared.rqjson import JSONQueue
+from inferq.shared import keys
+from inferq.shared.rqjson import JSONQueue
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 

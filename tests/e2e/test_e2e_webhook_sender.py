@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from shared.redis_server import free_port
-from shared.settings import Settings
+from inferq.shared.redis_server import free_port
+from inferq.shared.settings import Settings
 from tests.support.stack import new_stack, serving
 from tests.support.waiting import wait_until
 from tests.support.webhooks import attempts, queue_delivery

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from shared import keys
-from shared.jobs import get_job_view
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.jobs import get_job_view
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
 from tests.support.echo import echo_runner, submit_echo
-from workers.batching import BatchWorker
 
 
 @pytest.fixture

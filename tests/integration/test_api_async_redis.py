@@ -11,11 +11,11 @@ import pytest
 import redis as redis_py
 from redis.asyncio import Redis as AsyncRedis
 
-from api.autopipeline import AutoPipelinedRedis
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job, enqueue_job_async, get_job_view, get_job_view_async
-from shared.lifecycle import layout, scripts
-from shared.settings import Settings
+from inferq.api.autopipeline import AutoPipelinedRedis
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job, enqueue_job_async, get_job_view, get_job_view_async
+from inferq.shared.lifecycle import layout, scripts
+from inferq.shared.settings import Settings
 from tests.support.models import ROOT
 
 DIGIT = (ROOT / "samples" / "digit.png").read_bytes()

@@ -11,8 +11,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from api.app import create_app
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared.settings import Settings
 from tests.support.models import make_models_dir
 
 BASE = "http://inferq"

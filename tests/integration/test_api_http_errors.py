@@ -10,8 +10,8 @@ import httpx
 import pytest
 from fastapi import HTTPException
 
-from api.app import create_app
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared.settings import Settings
 from tests.support.models import make_models_dir
 
 

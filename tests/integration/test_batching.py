@@ -11,17 +11,17 @@ import pytest
 import redis as redis_py
 from rq.utils import utcformat
 
-from shared import keys
-from shared.errors import NotFound
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.lifecycle import claims
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.errors import NotFound
+from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from inferq.shared.lifecycle import claims
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
+from inferq.workers import batching
+from inferq.workers.batching import BatchWorker
+from inferq.workers.running import ModelRunner, run_batch
 from tests.support.counting import CountingConnection, counting_client
 from tests.support.echo import POISON, echo_runner, submit_echo
-from workers import batching
-from workers.batching import BatchWorker
-from workers.running import ModelRunner, run_batch
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_redis_round_trips_per_batch_are_at_most_5_whatever_the_batch_size(redis
 
 
 def test_expired_and_canceled_jobs_are_dropped_from_a_batch(redis: redis_py.Redis, settings: Settings) -> None:
-    from shared.jobs import cancel_job
+    from inferq.shared.jobs import cancel_job
 
     live = submit_echo(redis, settings, [1, 1])
     expired = submit_echo(redis, settings, [2, 2])

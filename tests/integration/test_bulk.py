@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view, new_job_id
-from shared.lifecycle import bulk, layout
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.rqjson import JSONJob, JSONQueue
-from shared.settings import Settings, get_settings
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job, get_job_view, new_job_id
+from inferq.shared.lifecycle import bulk, layout
+from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
+from inferq.shared.rqjson import JSONJob, JSONQueue
+from inferq.shared.settings import Settings, get_settings
+from inferq.workers import batching
+from inferq.workers.batching import BatchWorker
+from inferq.workers.running import ModelRunner, run_batch
+from inferq.workers.webhooks import webhook_worker
 from tests.support.echo import POISON, echo_runner
-from workers import batching
-from workers.batching import BatchWorker
-from workers.running import ModelRunner, run_batch
-from workers.webhooks import webhook_worker
 
 
 @pytest.fixture

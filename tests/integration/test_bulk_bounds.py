@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from shared import keys
-from shared.jobs import new_job_id
-from shared.lifecycle import bulk, lua
-from shared.lifecycle.bulk import NewBatch
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.jobs import new_job_id
+from inferq.shared.lifecycle import bulk, lua
+from inferq.shared.lifecycle.bulk import NewBatch
+from inferq.shared.settings import Settings
 from tests.support.asgi import call_api
 from tests.support.echo import BULK_QUEUE, JSONL, echo_items, echo_jsonl, echo_worker
 

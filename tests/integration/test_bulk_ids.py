@@ -15,15 +15,15 @@ import httpx
 import pytest
 import redis as redis_py
 
-from api.app import create_app
-from shared import keys
-from shared.jobs import new_job_id
-from shared.lifecycle import bulk
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared import keys
+from inferq.shared.jobs import new_job_id
+from inferq.shared.lifecycle import bulk
+from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
 from tests.support.echo import echo_runner
-from workers.batching import BatchWorker
 
 BAD = "bad-\ud800"
 ECHO = {"handler": "tests.support.echo:SlowEcho", "weights": "none", "input": {"kind": "tensor", "shape": [2]}}

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from api import bulk_upload
-from api.routers import batches
-from shared import keys
-from shared.jobs import new_job_id
-from shared.lifecycle import bulk, bulk_scripts, upload
-from shared.lifecycle.bulk import NewBatch
-from shared.settings import Settings
+from inferq.api import bulk_upload
+from inferq.api.routers import batches
+from inferq.shared import keys
+from inferq.shared.jobs import new_job_id
+from inferq.shared.lifecycle import bulk, bulk_scripts, upload
+from inferq.shared.lifecycle.bulk import NewBatch
+from inferq.shared.settings import Settings
 from tests.support.asgi import call_api
 from tests.support.echo import BULK_QUEUE, JSONL, echo_items, echo_jsonl, echo_worker
 

@@ -10,7 +10,7 @@ import pytest
 import redis as redis_py
 import redis.asyncio.client
 
-from api.events import EventHub
+from inferq.api.events import EventHub
 
 
 def test_a_waiter_for_the_end_is_not_woken_by_started_and_a_stream_is() -> None:

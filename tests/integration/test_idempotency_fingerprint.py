@@ -11,11 +11,11 @@ import httpx
 import pytest
 import redis as redis_py
 
-from api.app import create_app
-from shared import keys
-from shared.jobs import Submission
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared import keys
+from inferq.shared.jobs import Submission
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
 
 QUEUE = f"rq:queue:{keys.queue_name('pair')}"
 HOOK = "http://127.0.0.1:9/hook"

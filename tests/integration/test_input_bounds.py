@@ -15,16 +15,16 @@ import httpx
 import pytest
 from PIL import Image
 
-from api import inputs
-from api.app import create_app
-from api.bulk_upload import CUSTOM_ID_MAX, LineChecker
-from api.schemas import WEBHOOK_MAX_CHARS
-from shared.errors import PayloadTooLarge
-from shared.inputs import input_kind
-from shared.inputs.tensor import FLOAT_MAX, INT64_MIN
-from shared.lifecycle.upload import BulkItem
-from shared.models import ModelConfig
-from shared.settings import Settings
+from inferq.api import inputs
+from inferq.api.app import create_app
+from inferq.api.bulk_upload import CUSTOM_ID_MAX, LineChecker
+from inferq.api.schemas import WEBHOOK_MAX_CHARS
+from inferq.shared.errors import PayloadTooLarge
+from inferq.shared.inputs import input_kind
+from inferq.shared.inputs.tensor import FLOAT_MAX, INT64_MIN
+from inferq.shared.lifecycle.upload import BulkItem
+from inferq.shared.models import ModelConfig
+from inferq.shared.settings import Settings
 from tests.support.models import write_models
 
 DEEP = [4, 3, 1, 5, 2, 8]

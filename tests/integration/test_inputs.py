@@ -12,13 +12,13 @@ import httpx
 import pytest
 import redis as redis_py
 
-from api.app import create_app
-from shared import keys
-from shared.errors import ConfigError
-from shared.inputs import KINDS, JsonInput, TensorInput, TextInput
-from shared.inputs.text import SPACE_CLASS, TEXT_PATTERN
-from shared.models import load_model_config
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared import keys
+from inferq.shared.errors import ConfigError
+from inferq.shared.inputs import KINDS, JsonInput, TensorInput, TextInput
+from inferq.shared.inputs.text import SPACE_CLASS, TEXT_PATTERN
+from inferq.shared.models import load_model_config
+from inferq.shared.settings import Settings
 from tests.support.models import write_models
 
 AGE_SCHEMA = {

@@ -18,10 +18,18 @@ import redis as redis_py
 from pydantic import BaseModel
 
 from inferq.client_types import Job, JobUrls, WebhookAttempt, WebhookInfo
-from shared import view as views
-from shared.jobs import QueueCache, Submission, _expired_view, ended_view, enqueue_job, get_job_view, view_from_event
-from shared.lifecycle.info import JobInfo
-from shared.settings import Settings
+from inferq.shared import view as views
+from inferq.shared.jobs import (
+    QueueCache,
+    Submission,
+    _expired_view,
+    ended_view,
+    enqueue_job,
+    get_job_view,
+    view_from_event,
+)
+from inferq.shared.lifecycle.info import JobInfo
+from inferq.shared.settings import Settings
 
 
 def _fields(model: type[BaseModel]) -> set[str]:

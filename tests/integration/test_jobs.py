@@ -11,12 +11,12 @@ import redis as redis_py
 from rq.exceptions import DeserializationError
 from rq.serializers import DefaultSerializer
 
-from shared import keys
-from shared.errors import ConfigError, Conflict, NotFound
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.lifecycle import submit
-from shared.rqjson import JSONJob, PickleRefused, check_rq_version, fetch_job, refuse_pickle
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.errors import ConfigError, Conflict, NotFound
+from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from inferq.shared.lifecycle import submit
+from inferq.shared.rqjson import JSONJob, PickleRefused, check_rq_version, fetch_job, refuse_pickle
+from inferq.shared.settings import Settings
 from tests.support.counting import CountingConnection, counting_client
 
 

@@ -7,7 +7,7 @@ import signal
 import pytest
 import redis as redis_py
 
-from shared.settings import Settings
+from inferq.shared.settings import Settings
 from tests.support.echo import echo_worker, submit_echo
 from tests.support.signals import STOP_SIGNALS, kept_signal_handlers
 

@@ -14,7 +14,7 @@ from rq.utils import utcformat
 from rq.worker import Worker
 
 from inferq.leftovers import clear_leftovers, process_alive
-from shared.rqjson import JSONQueue
+from inferq.shared.rqjson import JSONQueue
 
 QUEUE = "inferq.digits"
 HOST = socket.gethostname()

@@ -17,18 +17,26 @@ import redis as redis_py
 from redis.asyncio import Redis as AsyncRedis
 from rq.serializers import JSONSerializer
 
-from shared import keys
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, enqueue_job_async, get_job_view, new_job_id
-from shared.lifecycle import bulk, claims, layout, scripts
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.lifecycle.upload import BatchWriter
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.jobs import (
+    QueueCache,
+    Submission,
+    cancel_job,
+    enqueue_job,
+    enqueue_job_async,
+    get_job_view,
+    new_job_id,
+)
+from inferq.shared.lifecycle import bulk, claims, layout, scripts
+from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
+from inferq.shared.lifecycle.upload import BatchWriter
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
+from inferq.workers import batching
+from inferq.workers.batching import BatchWorker
+from inferq.workers.running import ModelRunner, run_batch
 from tests.support.echo import echo_runner
 from tests.support.models import ROOT
-from workers import batching
-from workers.batching import BatchWorker
-from workers.running import ModelRunner, run_batch
 
 HOOK = "https://example.com/hook"
 # Commands run inside scripts, and which of their arguments are keys (1-based), when not just the first.

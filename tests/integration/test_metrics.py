@@ -16,19 +16,19 @@ import redis as redis_py
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import create_app
-from api.routers import status as status_router
-from shared import keys, metrics
-from shared.jobs import QueueCache, cancel_job, get_job_view, new_job_id
-from shared.lifecycle import bulk, census, claims, layout
-from shared.lifecycle.bulk import BulkItem, NewBatch
-from shared.rqjson import JSONJob
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.api.routers import status as status_router
+from inferq.shared import keys, metrics
+from inferq.shared.jobs import QueueCache, cancel_job, get_job_view, new_job_id
+from inferq.shared.lifecycle import bulk, census, claims, layout
+from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
+from inferq.shared.rqjson import JSONJob
+from inferq.shared.settings import Settings
+from inferq.workers import batching
+from inferq.workers.batching import BatchWorker
+from inferq.workers.running import ModelRunner, run_batch
 from tests.support.builders import write_config
 from tests.support.echo import POISON, echo_runner, submit_echo
-from workers import batching
-from workers.batching import BatchWorker
-from workers.running import ModelRunner, run_batch
 
 AGREED = {
     "inferq_queue_depth": ("gauge", {"model", "lane"}),
@@ -266,7 +266,7 @@ def test_failure_reasons_are_counted_by_a_bounded_class(error: str, reason: str)
 
 
 def test_webhook_attempts_count_by_outcome_with_refusals_as_gave_up(redis: redis_py.Redis, settings: Settings) -> None:
-    from workers import webhooks
+    from inferq.workers import webhooks
 
     for outcome in ("delivered", "retrying", "retrying", "gave up", "refused"):
         webhooks._record(redis, settings, "job-1", {"attempt": 1, "outcome": outcome}, 0.02)

@@ -22,12 +22,12 @@ import redis as redis_py
 import torch
 from rq.utils import now
 
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.models import ModelConfig, TensorInput
-from shared.settings import Settings
-from workers.batching import BatchWorker
-from workers.handlers import TensorHandler
-from workers.running import ModelRunner
+from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from inferq.shared.models import ModelConfig, TensorInput
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
+from inferq.workers.handlers import TensorHandler
+from inferq.workers.running import ModelRunner
 
 MAX_BATCH = 4
 QUEUE = "rq:queue:inferq.rec"

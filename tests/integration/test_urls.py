@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis as redis_py
 
-from api.app import create_app
-from shared.errors import InvalidInput
-from shared.settings import Settings
-from shared.urls import _allowed, check_webhook_target, is_public
+from inferq.api.app import create_app
+from inferq.shared.errors import InvalidInput
+from inferq.shared.settings import Settings
+from inferq.shared.urls import _allowed, check_webhook_target, is_public
 from tests.support.waiting import wait_until
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from shared.redis_server import free_port
-from shared.settings import Settings, get_settings
+from inferq.shared.redis_server import free_port
+from inferq.shared.settings import Settings, get_settings
+from inferq.workers.webhooks import webhook_worker
 from tests.support.webhooks import attempts, queue_delivery
-from workers.webhooks import webhook_worker
 
 TIMEOUT_S = 1
 DRIP_INTERVAL_S = 0.2

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from api.app import create_app
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared.settings import Settings
 
 
 def call_api(settings: Settings, *requests: tuple[str, str, dict[str, Any]]) -> list[httpx.Response]:

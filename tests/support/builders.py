@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.formats import save_export
-from workers.handlers import Handler, finite_list, pad_sequences
+from inferq.workers.formats import save_export
+from inferq.workers.handlers import Handler, finite_list, pad_sequences
 
 WORDS = [
     "the",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from workers.handlers import TensorHandler
+from inferq.workers.handlers import TensorHandler
 
 
 class Crash(TensorHandler):

@@ -14,13 +14,13 @@ from pathlib import Path
 import redis as redis_py
 import torch
 
-from shared.jobs import QueueCache, Submission, enqueue_job, new_job_id
-from shared.lifecycle.bulk import BulkItem
-from shared.models import ModelConfig, TensorInput
-from shared.settings import Settings
-from workers.batching import BatchWorker
-from workers.handlers import TensorHandler
-from workers.running import ModelRunner
+from inferq.shared.jobs import QueueCache, Submission, enqueue_job, new_job_id
+from inferq.shared.lifecycle.bulk import BulkItem
+from inferq.shared.models import ModelConfig, TensorInput
+from inferq.shared.settings import Settings
+from inferq.workers.batching import BatchWorker
+from inferq.workers.handlers import TensorHandler
+from inferq.workers.running import ModelRunner
 
 POISON = 666.0
 BULK_QUEUE = "rq:queue:inferq.echo.bulk"

@@ -10,7 +10,7 @@ from types import TracebackType
 
 import redis as redis_py
 
-from shared.redis_server import RedisServer, default_server, die_with_parent, free_port
+from inferq.shared.redis_server import RedisServer, default_server, die_with_parent, free_port
 from tests.support.waiting import wait_until
 
 SERVICE = "inferq"

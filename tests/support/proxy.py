@@ -8,7 +8,7 @@ import socket
 import threading
 from types import TracebackType
 
-from shared.redis_server import free_port
+from inferq.shared.redis_server import free_port
 
 
 class FreezingProxy:

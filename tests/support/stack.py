@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import redis as redis_py
 
-from shared.redis_server import RedisServer, die_with_parent, free_port
+from inferq.shared.redis_server import RedisServer, die_with_parent, free_port
 from tests.support.models import ROOT, make_models_dir
 from tests.support.waiting import wait_until
 from tests.support.webhooks import WEBHOOK_SECRET

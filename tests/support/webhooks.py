@@ -9,10 +9,10 @@ from typing import Any
 
 import redis as redis_py
 
-from shared import keys
-from shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
-from shared.redis_server import free_port
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from inferq.shared.redis_server import free_port
+from inferq.shared.settings import Settings
 
 WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -15,7 +15,7 @@ import standardwebhooks
 
 from inferq.client import BatchResult, Job, Retry, WebhookVerificationError, retry_after_s, verify_webhook
 from inferq.client_http import jsonl, upload
-from shared import signing
+from inferq.shared import signing
 from tests.support.webhooks import WEBHOOK_SECRET
 
 BODY = json.dumps({"id": "abc", "model": "digits", "status": "finished", "result": {"label": "7"}}).encode()

@@ -28,11 +28,11 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from api.app import create_app
+from inferq.api.app import create_app
 from inferq.cli import build_parser
-from shared import keys
-from shared.lifecycle import layout
-from shared.settings import PREFIX, Settings, unknown_variables
+from inferq.shared import keys
+from inferq.shared.lifecycle import layout
+from inferq.shared.settings import PREFIX, Settings, unknown_variables
 from tests.support.manifests import K8S, documents, kustomization, objects, of_kind, scaled_object_for, scaled_objects
 from tests.support.models import ROOT
 
@@ -78,7 +78,7 @@ def exposed_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from shared import metrics
+    from inferq.shared import metrics
 
     totals: metrics.Increments = {}
     metrics.job_increments(totals, "failed", 0.2, 0.03, 0.25, reason="ModelError")

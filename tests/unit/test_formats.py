@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.errors import ConfigError
-from shared.models import load_model_config
+from inferq.shared.errors import ConfigError
+from inferq.shared.models import load_model_config
+from inferq.workers.running import load_runner
 from tests.support.builders import (
     IMAGE_INPUT,
     cnn_in_every_format,
@@ -19,7 +20,6 @@ from tests.support.builders import (
     write_bert,
     write_config,
 )
-from workers.running import load_runner
 
 CPU = torch.device("cpu")
 

@@ -15,10 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
-from shared.errors import ConfigError, InvalidInput, UnsupportedMedia
-from shared.models import ModelConfig, load_model_config
-from tests.support.models import ROOT, train_script
-from workers.handlers import (
+from inferq.shared.errors import ConfigError, InvalidInput, UnsupportedMedia
+from inferq.shared.models import ModelConfig, load_model_config
+from inferq.workers.handlers import (
     Handler,
     ImageClassifier,
     ImageEmbedding,
@@ -27,6 +26,7 @@ from workers.handlers import (
     move_batch,
     resolve_device,
 )
+from tests.support.models import ROOT, train_script
 
 DIGITS = ROOT / "models" / "digits"
 CPU = torch.device("cpu")
@@ -273,7 +273,7 @@ def test_missing_weights_is_a_config_error(tmp_path: Path) -> None:
 USER_MODULE = """
 import torch
 
-from workers.handlers import Handler
+from inferq.workers.handlers import Handler
 
 
 class Doubler(Handler):
@@ -306,7 +306,7 @@ def test_user_handler_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert handler.postprocess(out[0]) == {"output": [6.0]}
 
     refusals = {
-        "inferq_test_user_handlers:NotAHandler": "is not a subclass of workers.handlers.Handler",
+        "inferq_test_user_handlers:NotAHandler": "is not a subclass of inferq.workers.handlers.Handler",
         "inferq_test_user_handlers:Missing": "inferq_test_user_handlers has no 'Missing'",
     }
     for spec, message in refusals.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from api.http_protocol import JoiningTransport
+from inferq.api.http_protocol import JoiningTransport
 
 
 class Recorder(asyncio.Transport):

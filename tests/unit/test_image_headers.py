@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from shared.errors import InvalidInput, UnsupportedMedia
-from shared.inputs import image as image_kind
-from shared.inputs.image import IMAGE_FORMATS, MAX_PNG_CHUNKS, check_image, header_size
-from shared.settings import Settings
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.inputs import image as image_kind
+from inferq.shared.inputs.image import IMAGE_FORMATS, MAX_PNG_CHUNKS, check_image, header_size
+from inferq.shared.settings import Settings
 
 
 def _pillow(data: bytes) -> tuple[str, tuple[int, int]] | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from shared.lifecycle.info import F, JobInfo, at_finish, at_submit
-from shared.lifecycle.lua import SOURCES
+from inferq.shared.lifecycle.info import F, JobInfo, at_finish, at_submit
+from inferq.shared.lifecycle.lua import SOURCES
 
 
 def test_a_submit_and_a_finish_read_back_as_written() -> None:

@@ -10,10 +10,10 @@ from rq.job import JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from shared.errors import NotFound
-from shared.jobs import _view_of, isoformat
-from shared.lifecycle.rqhash import JobFields, result_of
-from shared.rqjson import JSONJob
+from inferq.shared.errors import NotFound
+from inferq.shared.jobs import _view_of, isoformat
+from inferq.shared.lifecycle.rqhash import JobFields, result_of
+from inferq.shared.rqjson import JSONJob
 
 OFFLINE = Redis()  # RQ's objects want a connection; none of this sends a command
 STAMPS = [
@@ -36,7 +36,7 @@ def _raw(job: JSONJob) -> dict[bytes, bytes]:
 
 def _job(status: JobStatus, stamp: datetime, worker: str | None) -> JSONJob:
     job = JSONJob.create(
-        "workers.tasks.infer",
+        "inferq.workers.tasks.infer",
         args=["m"],
         connection=OFFLINE,
         serializer=JSONSerializer,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from workers import lanes
-from workers.lanes import ClaimPlan, LanePolicy
+from inferq.workers import lanes
+from inferq.workers.lanes import ClaimPlan, LanePolicy
 
 
 def _policy(*models: str, bulk_share: float = 0.1, bulk_anticipate_ms: float = 20.0) -> LanePolicy:
@@ -122,8 +122,9 @@ def test_the_policy_reaches_no_redis_and_no_clock() -> None:
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
     modules = {alias.name for node in imports if isinstance(node, ast.Import) for alias in node.names}
     modules |= {node.module or "" for node in imports if isinstance(node, ast.ImportFrom)}
-    assert {name.split(".")[0] for name in modules} <= {"__future__", "collections", "dataclasses", "shared"}
+    assert {name.split(".")[0] for name in modules} <= {"__future__", "collections", "dataclasses", "inferq"}
     from_shared = [
         (node.module, alias.name) for node in imports if isinstance(node, ast.ImportFrom) for alias in node.names
     ]
-    assert [pair for pair in from_shared if (pair[0] or "").startswith("shared")] == [("shared", "keys")]  # names only
+    inferq = [pair for pair in from_shared if (pair[0] or "").startswith("inferq")]
+    assert inferq == [("inferq.shared", "keys")]  # names only

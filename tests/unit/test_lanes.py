@@ -17,7 +17,7 @@ TESTS = ROOT / "tests"
 # Where processes start: the stack (API, workers, CLIs) and Sentinel groups. Only end-to-end tests use them.
 PROCESS_STARTERS = {"tests.support.stack", "tests.support.ha"}
 # The redis-server starter: an integration test gets the session's server through the redis/redis_url fixtures.
-REDIS_STARTER = "shared.redis_server"
+REDIS_STARTER = "inferq.shared.redis_server"
 
 
 def _test_files(tests: Path) -> list[Path]:
@@ -106,11 +106,11 @@ def test_the_checks_see_violations(tmp_path: Path) -> None:
         "import sys\nfrom tests.support.stack import new_stack\nsys.executable\n"
     )
     (tests / "unit" / "test_a.py").write_text(
-        "import subprocess, sys\nfrom shared.redis_server import RedisServer\n\n"
+        "import subprocess, sys\nfrom inferq.shared.redis_server import RedisServer\n\n"
         "def test_x():\n    from tests.e2e.test_fine import thing\n    subprocess.run([sys.executable])\n"
     )
     (tests / "integration" / "test_b.py").write_text(
-        "from shared.redis_server import free_port\nimport tests.support.ha\n"
+        "from inferq.shared.redis_server import free_port\nimport tests.support.ha\n"
     )
     (tests / "support" / "helper.py").write_text("from tests.integration import test_b\n")
     assert _outside_lanes(tests) == ["tests/other/test_astray.py", "tests/test_loose.py"]
@@ -120,8 +120,8 @@ def test_the_checks_see_violations(tmp_path: Path) -> None:
         "tests/unit/test_a.py: imports tests.e2e.test_fine.thing",
     ]
     assert _lane_violations(tests, "unit", PROCESS_STARTERS | {REDIS_STARTER}) == [
-        "tests/unit/test_a.py: imports shared.redis_server",
-        "tests/unit/test_a.py: imports shared.redis_server.RedisServer",
+        "tests/unit/test_a.py: imports inferq.shared.redis_server",
+        "tests/unit/test_a.py: imports inferq.shared.redis_server.RedisServer",
         "tests/unit/test_a.py: starts processes (sys.executable)",
     ]
     assert _lane_violations(tests, "integration", PROCESS_STARTERS) == [

@@ -2,7 +2,9 @@
 
     inferq (CLI) -> api, workers -> shared
 
-``shared`` is the common base; the API never loads torch or worker code; only the CLI wires things up.
+``shared`` is the common base; the API never loads torch or worker code; only the CLI wires things up. The folders
+api/, shared/ and workers/ are imported as inferq.api, inferq.shared and inferq.workers (links in inferq/ and the
+wheel's package-dir): each layer below is named by its folder.
 """
 
 from __future__ import annotations
@@ -52,10 +54,15 @@ class Import:
 
 
 def _modules(packages: tuple[str, ...]) -> list[Module]:
+    """The modules of these folders, by the names they are imported as (api/deps.py is inferq.api.deps)."""
     out = []
     for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if package == "inferq" and parts[1] in LAYERED:
+                continue  # inferq/api is the link to api/: its modules are listed once, from their own folder
+            if package in LAYERED:
+                parts.insert(0, "inferq")
             is_package = parts[-1] == "__init__"
             if is_package:
                 parts.pop()
@@ -90,7 +97,12 @@ def _imports(module: Module) -> list[Import]:
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The layer a dotted name belongs to: ``api``, ``shared`` or ``workers`` for inferq.<folder>…, ``inferq`` for the
+    rest of inferq (the CLI and the SDK), else its top-level package (``torch``, ``pickle``)."""
+    parts = name.split(".")
+    if parts[0] == "inferq" and len(parts) > 1 and parts[1] in LAYERED:
+        return parts[1]
+    return parts[0]
 
 
 def _violations(modules: list[Module], banned: set[str]) -> list[str]:
@@ -106,7 +118,22 @@ def _violations(modules: list[Module], banned: set[str]) -> list[str]:
 def test_packages_exist() -> None:
     for package in ALL_PACKAGES:
         assert (ROOT / package / "__init__.py").is_file(), package
+    for package in LAYERED:  # imported as inferq.<folder>: inferq/<folder> is a link to it
+        assert (ROOT / "inferq" / package).is_symlink() and (ROOT / "inferq" / package).resolve() == ROOT / package
     assert len(_modules(LAYERED)) > 10
+
+
+def test_nothing_imports_a_server_folder_by_its_bare_name() -> None:
+    """``import shared.keys`` would load a second copy of inferq.shared.keys (its own settings cache, scripts, …)."""
+    code = _modules((*ALL_PACKAGES, "tests", "bench", "models"))
+    code.append(Module("docs.hooks", ROOT / "docs" / "hooks.py", is_package=False))
+    bare = {
+        f"{m.rel}:{imp.lineno}: imports {imp.module}"
+        for m in code
+        for imp in _imports(m)
+        if imp.module.split(".")[0] in LAYERED
+    }
+    assert sorted(bare) == []
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -146,7 +173,7 @@ def test_only_the_lifecycle_knows_how_rq_stores_results() -> None:
     found = [
         f"{m.rel}:{imp.lineno}: imports {imp.module}"
         for m in _modules(ALL_PACKAGES)
-        if not m.name.startswith("shared.lifecycle") and m.name != "shared.rqjson"
+        if not m.name.startswith("inferq.shared.lifecycle") and m.name != "inferq.shared.rqjson"
         for imp in _imports(m)
         if imp.module == "rq.results" or imp.module.startswith("rq.results.")
     ]
@@ -209,9 +236,9 @@ def test_the_checks_see_violations(tmp_path: Path) -> None:
         "import pickle\nx = _os.environ['A']\n\ndef f():\n    from inferq.cli import main\n",
         encoding="utf-8",
     )
-    module = Module("api.routers.mod", path, is_package=False)
+    module = Module("inferq.api.routers.mod", path, is_package=False)
     names = {i.module for i in _imports(module)}
-    assert {"api.deps", "api.routers.health.router", "inferq.cli", "pickle"} <= names
+    assert {"inferq.api.deps", "inferq.api.routers.health.router", "inferq.cli", "pickle"} <= names
     assert _violations([module], FORBIDDEN["api"]) == [
         "mod.py:9: imports inferq.cli",
         "mod.py:9: imports inferq.cli.main",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.lifecycle import scripts
-from shared.lifecycle.lua import SOURCES, Script, library
+from inferq.shared.lifecycle import scripts
+from inferq.shared.lifecycle.lua import SOURCES, Script, library
 
 
 def test_every_lua_file_is_a_loaded_script_or_a_used_library() -> None:
@@ -26,7 +26,7 @@ def test_a_script_is_its_file_after_the_libraries_its_header_names(
     (tmp_path / "x.lua").write_text(
         "-- x: a script\n-- ARGV: none\n--\n-- KEYS: a, b\n-- KEYS per item: c\n-- uses: one\n\nreturn one()\n"
     )
-    monkeypatch.setattr("shared.lifecycle.lua.SOURCES", tmp_path)
+    monkeypatch.setattr("inferq.shared.lifecycle.lua.SOURCES", tmp_path)
     script = Script.load("x")
     assert (script.name, script.keys, script.per_item) == ("x", ("a", "b"), ("c",))
     assert script.source == "\nlocal function one() return 1 end\n\nreturn one()\n"
@@ -42,7 +42,7 @@ def test_each_script_says_what_it_does_and_declares_its_keys() -> None:
 
 def test_a_batch_delivery_subject_is_spelled_once_for_python_and_lua() -> None:
     """announce.lua queues a batch's delivery for BATCH_SUBJECT + its id; the sender reads the kind back from it."""
-    from shared.lifecycle import layout
+    from inferq.shared.lifecycle import layout
 
     assert f"local BATCH_SUBJECT = '{layout.BATCH_SUBJECT}'" in (SOURCES / "lib" / "announce.lua").read_text()
     assert layout.subject_of(layout.BATCH_SUBJECT + "abc") == ("batch", "abc")

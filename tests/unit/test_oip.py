@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from api.oip import codec
-from shared.errors import InvalidInput, UnsupportedMedia
-from shared.models import ModelConfig
+from inferq.api.oip import codec
+from inferq.shared.errors import InvalidInput, UnsupportedMedia
+from inferq.shared.models import ModelConfig
 
 COUNTS = ModelConfig.model_validate(
     {"name": "counts", "handler": "tensor", "input": {"kind": "tensor", "shape": [2, 2], "dtype": "int64"}}

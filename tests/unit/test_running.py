@@ -11,12 +11,12 @@ from typing import Any, cast
 import pytest
 import torch
 
-from shared.errors import InvalidInput
-from shared.models import load_model_config
+from inferq.shared.errors import InvalidInput
+from inferq.shared.models import load_model_config
+from inferq.workers.collation import pad_sequences, split, stack
+from inferq.workers.handlers import Handler
+from inferq.workers.running import Item, ModelRunner, load_runner, run_batch
 from tests.support.builders import Ragged, gray_png, sentences, write_bert, write_config, write_fixed_batch_cnn
-from workers.collation import pad_sequences, split, stack
-from workers.handlers import Handler
-from workers.running import Item, ModelRunner, load_runner, run_batch
 
 CPU = torch.device("cpu")
 TENSOR_4 = {"kind": "tensor", "shape": [4], "dtype": "float32"}
@@ -153,7 +153,7 @@ def test_a_model_exported_for_batches_of_one_runs_them_without_blaming_the_data(
         "model 'fixed' takes one item at a time: a batch of 2 fails (AssertionError: Guard failed: x.size()[0] == 1) "
         "where one item runs, so it is served at batch 1, not 8. Its batch axis was fixed when it was exported; "
         "to batch, export it with a dynamic one: torch.export.export(model, args, "
-        'dynamic_shapes=({0: torch.export.Dim("batch")},)), which workers.formats.save_export does'
+        'dynamic_shapes=({0: torch.export.Dim("batch")},)), which inferq.workers.formats.save_export does'
     ]
 
 

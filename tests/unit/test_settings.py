@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from api.app import create_app
-from shared.errors import ConfigError
-from shared.settings import Settings, get_settings
+from inferq.api.app import create_app
+from inferq.shared.errors import ConfigError
+from inferq.shared.settings import Settings, get_settings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SECRET_RULE = (
@@ -154,7 +154,9 @@ def test_the_defaults_are_consistent() -> None:
 
 
 def settings_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "shared.settings" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "inferq.shared.settings" and r.levelno == logging.WARNING
+    ]
 
 
 def test_a_misspelt_variable_is_named_with_what_was_meant(
@@ -163,7 +165,7 @@ def test_a_misspelt_variable_is_named_with_what_was_meant(
     monkeypatch.setenv("INFERQ_API_KEY", "k-1")
     monkeypatch.setenv("INFERQ_RESULTS_TTL_S", "60")
     monkeypatch.setenv("INFERQ_FROBNICATE", "1")
-    with caplog.at_level(logging.WARNING, logger="shared.settings"):
+    with caplog.at_level(logging.WARNING, logger="inferq.shared.settings"):
         settings = get_settings()
     assert settings.api_keys == [] and settings.result_ttl_s == 3600
     assert settings_warnings(caplog) == [
@@ -180,7 +182,7 @@ def test_names_used_outside_settings_are_not_warned_about(
     # INFERQ_LOG_LEVEL: read by inferq/cli.py before logging exists; INFERQ_TEST_*: the test models'.
     for name in ("INFERQ_LOG_LEVEL", "INFERQ_TEST_SLOW_S", "INFERQ_REDIS_URL", "inferq_port"):
         monkeypatch.setenv(name, "1" if name != "INFERQ_REDIS_URL" else "redis://127.0.0.1:1/0")
-    with caplog.at_level(logging.WARNING, logger="shared.settings"):
+    with caplog.at_level(logging.WARNING, logger="inferq.shared.settings"):
         settings = get_settings()
     assert settings.port == 1
     assert settings_warnings(caplog) == []
@@ -205,7 +207,7 @@ def test_the_api_logs_at_start_whether_it_authenticates(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, api_keys: list[str], line: str
 ) -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0", models_dir=tmp_path, api_keys=api_keys)
-    with caplog.at_level(logging.INFO, logger="api.app"):
+    with caplog.at_level(logging.INFO, logger="inferq.api.app"):
         create_app(settings)
-    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "api.app"] == [(logging.INFO, line)]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "inferq.api.app"] == [(logging.INFO, line)]
     assert all("key-" not in r.getMessage() for r in caplog.records)

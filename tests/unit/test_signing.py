@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from shared import signing
+from inferq.shared import signing
 
 # The test vector published with the Standard Webhooks specification.
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
