@@ -25,6 +25,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 # secrets.token_urlsafe(18): 24 characters of [A-Za-z0-9_-].
 TOKEN_CHARS = 24
 # A pair starts where a comma is followed by "name=": a Sentinel URL's own commas separate host:port pairs.
+# The prefixes of the RQ job IDs inferq makes for itself (a bulk chunk, a webhook delivery): no client ID begins so.
+RESERVED = (keys.CHUNK_PREFIX, keys.DELIVERY_PREFIX)
 _PAIR_START = re.compile(r",\s*(?=[a-z][a-z0-9]{0,15}\s*=)")
 
 
@@ -39,6 +41,12 @@ def parse(text: str) -> dict[str, str]:
             raise ConfigError(
                 f"INFERQ_REDIS_SHARDS: {name!r} is not a shard name (a lowercase letter, then up to 15 lowercase"
                 f" letters or digits; {DEFAULT!r} is INFERQ_REDIS_URL's)"
+            )
+        if f"{name}-" in RESERVED:
+            # Every ID of such a shard would begin like a chunk's or a delivery's, which new_id never hands out.
+            raise ConfigError(
+                f"INFERQ_REDIS_SHARDS: {name!r} cannot name a shard: its job IDs would read as "
+                f"{'bulk chunks' if f'{name}-' == keys.CHUNK_PREFIX else 'webhook deliveries'}"
             )
         if name in shards:
             raise ConfigError(f"INFERQ_REDIS_SHARDS names {name!r} twice")
