@@ -106,7 +106,7 @@ class SentinelGroup:
             )
             replica.start()
             self.servers.append(replica)
-        wait_until(lambda: self._connected_replicas(primary) == self.replica_count, 30, "the replicas to sync")
+        wait_until(lambda: self._synced_replicas(primary) == self.replica_count, 30, "the replicas to sync")
         quorum = self.sentinel_count // 2 + 1
         for n in range(self.sentinel_count):
             sentinel = Sentinel(
@@ -116,12 +116,17 @@ class SentinelGroup:
             self.sentinels.append(sentinel)
         wait_until(self._all_known, 30, "the sentinels to see every replica and each other")
 
-    def _connected_replicas(self, server: RedisServer) -> int:
+    def _synced_replicas(self, server: RedisServer) -> int:
+        """Replicas whose first full sync is done (state ``online``). A replica is counted as connected as soon as it
+        asks for a sync, and the primary waits (repl-diskless-sync-delay, 5 s) before it sends one: a failover
+        before then promoted an empty replica, and every job and worker of the test was gone."""
         try:
             with redis_py.Redis(port=server.port, socket_timeout=1) as client:
-                return int(client.info("replication").get("connected_slaves", 0))
+                info = client.info("replication")
         except redis_py.RedisError:
             return -1
+        links = [info[f"slave{n}"] for n in range(int(info.get("connected_slaves", 0)))]
+        return sum(1 for link in links if isinstance(link, dict) and link.get("state") == "online")
 
     def _all_known(self) -> bool:
         for sentinel in self.sentinels:
