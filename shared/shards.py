@@ -25,8 +25,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 # secrets.token_urlsafe(18): 24 characters of [A-Za-z0-9_-].
 TOKEN_CHARS = 24
 # A pair starts where a comma is followed by "name=": a Sentinel URL's own commas separate host:port pairs.
-# The prefixes of the RQ job IDs inferq makes for itself (a bulk chunk, a webhook delivery): no client ID begins so.
-RESERVED = (keys.CHUNK_PREFIX, keys.DELIVERY_PREFIX)
+# The prefixes of the RQ job IDs inferq makes for itself, and what such an ID is: no client ID begins so.
+RESERVED = {keys.CHUNK_PREFIX: "bulk chunks", keys.DELIVERY_PREFIX: "webhook deliveries"}
 _PAIR_START = re.compile(r",\s*(?=[a-z][a-z0-9]{0,15}\s*=)")
 
 
@@ -45,8 +45,7 @@ def parse(text: str) -> dict[str, str]:
         if f"{name}-" in RESERVED:
             # Every ID of such a shard would begin like a chunk's or a delivery's, which new_id never hands out.
             raise ConfigError(
-                f"INFERQ_REDIS_SHARDS: {name!r} cannot name a shard: its job IDs would read as "
-                f"{'bulk chunks' if f'{name}-' == keys.CHUNK_PREFIX else 'webhook deliveries'}"
+                f"INFERQ_REDIS_SHARDS: {name!r} cannot name a shard: its job IDs would read as {RESERVED[name + '-']}"
             )
         if name in shards:
             raise ConfigError(f"INFERQ_REDIS_SHARDS names {name!r} twice")

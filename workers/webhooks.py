@@ -55,13 +55,13 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
     """Send one attempt of a job's or a bulk batch's webhook; schedule the next one if it may succeed later.
 
     The first attempt is queued by the job-lifecycle store without arguments: its RQ job id names the
-    subject (``layout.delivered_job``: a job's id, or ``layout.BATCH_SUBJECT`` + a batch's id). Later attempts
+    subject (``layout.delivered_subject``: a job's id, or ``layout.BATCH_SUBJECT`` + a batch's id). Later attempts
     are scheduled with the same subject (``job_id``, the name RQ stores them under) and their attempt.
     """
     current = get_current_job()
     if current is None:
         raise RuntimeError("deliver() runs inside an RQ job")
-    subject = job_id or layout.delivered_job(current.id)
+    subject = job_id or layout.delivered_subject(current.id)
     kind, job_id = layout.subject_of(subject)
     settings = get_settings()
     connection: Redis = current.connection

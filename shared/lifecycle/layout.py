@@ -61,7 +61,7 @@ def batch_delivery_key(batch_id: str) -> str:
     return delivery_key(BATCH_SUBJECT + batch_id)
 
 
-def delivered_job(delivery_id: str) -> str:
+def delivered_subject(delivery_id: str) -> str:
     """The subject a first delivery was queued for: a job's id, or BATCH_SUBJECT + a batch's id."""
     return delivery_id.removeprefix(DELIVERY_PREFIX)
 
