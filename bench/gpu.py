@@ -218,6 +218,12 @@ def saturation(
     return out
 
 
+def start_worker(procs: Processes, name: str, *models: str) -> None:
+    """An `inferq worker` process serving ``models`` on the GPU under test."""
+    served = [arg for model in models for arg in ("--model", model)]
+    procs.start(name, "inferq", "--log-level", "WARNING", "worker", *served, "--device", DEVICE)
+
+
 def processes(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, jobs: int) -> dict[str, Any]:
     """1, 2 and 4 `inferq worker` processes on the one GPU draining the same queue of ResNet JPEGs."""
     payloads, content_type = payloads_for("resnet", 32)
@@ -230,17 +236,7 @@ def processes(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, jobs: i
         procs = Processes(tmp, env)
         try:
             for n in range(count):
-                procs.start(
-                    f"gpu-worker-{count}-{n}",
-                    "inferq",
-                    "--log-level",
-                    "WARNING",
-                    "worker",
-                    "--model",
-                    "resnet",
-                    "--device",
-                    DEVICE,
-                )
+                start_worker(procs, f"gpu-worker-{count}-{n}", "resnet")
             deadline = time.monotonic() + 120
             while len(connection.smembers("rq:workers")) < count and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -271,7 +267,9 @@ def processes(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, jobs: i
     return out
 
 
-def http(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, point_s: float) -> dict[str, Any]:
+def http(
+    redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, texts: list[bytes], point_s: float
+) -> dict[str, Any]:
     """Through the real API and one worker process: one client (idle latency) and 64 clients, one call each."""
     port = free_port()
     env = {
@@ -285,24 +283,12 @@ def http(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, point_s: flo
     out: dict[str, Any] = {}
     try:
         procs.start("gpu-api", "inferq", "--log-level", "WARNING", "api", "--port", str(port), "--workers", "2")
-        procs.start(
-            "gpu-worker-http",
-            "inferq",
-            "--log-level",
-            "WARNING",
-            "worker",
-            "--model",
-            "resnet",
-            "--model",
-            "langid",
-            "--device",
-            DEVICE,
-        )
+        start_worker(procs, "gpu-worker-http", "resnet", "langid")
         wait_http(f"{base}/readyz")
         time.sleep(8)
         for model, (payloads, content_type) in {
             "resnet": payloads_for("resnet", 32),
-            "langid": ([t.encode() for t in langid_texts(200)], "text/plain"),
+            "langid": (texts, "text/plain"),
         }.items():
             args = [base, f"/v1/models/{model}/jobs", content_type]
             python_loop("closed", "prefer_wait", args, payloads, 2.0, "warm", clients=4)
@@ -370,11 +356,11 @@ def peers(redis: RedisServer, gpu: Gpu, tmp: Path, models_dir: Path, point_s: fl
     return out
 
 
-def labels(models_dir: Path) -> dict[str, Any]:
+def labels(texts: list[bytes]) -> dict[str, Any]:
     """Top-1 labels of every held-out input under float16, bfloat16 and compile, against float32's."""
     cases = {
         "digits": (ROOT / "models" / "digits", digit_pngs(), "image/png"),
-        "langid": (ROOT / "models" / "langid", [t.encode() for t in langid_texts(200)], "text/plain"),
+        "langid": (ROOT / "models" / "langid", texts, "text/plain"),
     }
     out: dict[str, Any] = {}
     for name, (folder, payloads, content_type) in cases.items():
@@ -571,13 +557,13 @@ def main() -> None:
             "resnet": saturation(redis, gpu, models_dir / "resnet", resnet_jpegs, jpeg, int(3000 * scale)),
             "langid": saturation(redis, gpu, models_dir / "langid", texts, "text/plain", int(6000 * scale)),
         },
-        "labels": lambda: labels(models_dir),
+        "labels": lambda: labels(texts),
         "oom": lambda: (
             oom(redis, tmp) if cuda else {"skipped": "a dry run on the CPU would take 256 GiB of host memory"}
         ),
         "devices": lambda: devices(redis, models_dir),
         "processes": lambda: processes(redis, gpu, tmp, models_dir, int(3000 * scale)),
-        "http": lambda: http(redis, gpu, tmp, models_dir, args.point_seconds),
+        "http": lambda: http(redis, gpu, tmp, models_dir, texts, args.point_seconds),
         "peers": lambda: peers(redis, gpu, tmp, models_dir, args.point_seconds),
     }
     only = [s for s in args.only.split(",") if s]

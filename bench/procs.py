@@ -19,16 +19,18 @@ ROOT = Path(__file__).resolve().parent.parent
 class Processes:
     """A group of child processes with logs, stopped together."""
 
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_dir: Path, env: dict[str, str], cwd: Path = ROOT) -> None:
+        """``cwd``: the checkout the children run from (``python -m`` imports from it first); this one by default."""
         self.log_dir = log_dir
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        self.cwd = cwd
+        self.env = {**os.environ, "PYTHONPATH": str(cwd), **env}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", *args],
-            cwd=ROOT,
+            cwd=self.cwd,
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,

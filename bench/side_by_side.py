@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,20 +20,15 @@ from typing import Any
 
 import torch
 from redis import Redis
-from torch import nn
 
 from bench.generators import hammer, pick_tool
-from bench.procs import wait_http
-from inferq.shared.redis_server import RedisServer, die_with_parent, free_port
+from bench.models import NoOp
+from bench.procs import Processes, wait_http
+from inferq.shared.redis_server import RedisServer, free_port
 from inferq.workers.formats import save_export
 
 ROOT = Path(__file__).resolve().parent.parent
 WAITING = (256, 1024)
-
-
-class NoOp(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
 
 
 def models(target: Path) -> Path:
@@ -55,12 +47,10 @@ class Version:
     """One checkout's API and worker, started and stopped around its rounds."""
 
     def __init__(self, label: str, checkout: Path, redis_url: str, models_dir: Path, logs: Path) -> None:
-        self.label, self.checkout, self.logs = label, checkout, logs
+        self.label = label
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(checkout),
+        env = {
             "INFERQ_REDIS_URL": redis_url,
             "INFERQ_MODELS_DIR": str(models_dir),
             "INFERQ_RESULT_TTL_S": "30",
@@ -69,34 +59,17 @@ class Version:
             "INFERQ_MAX_QUEUE_LENGTH": "100000000",
             "INFERQ_QUEUE_TTL_S": "600",
         }
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs = Processes(logs, env, cwd=checkout)
 
     def start(self, worker: bool) -> None:
-        self._spawn("api", "api", "--port", str(self.port))
+        self.procs.start(f"{self.label}-api", "inferq", "--log-level", "WARNING", "api", "--port", str(self.port))
         if worker:
-            self._spawn("worker", "worker", "--model", "noop")
+            self.procs.start(f"{self.label}-worker", "inferq", "--log-level", "WARNING", "worker", "--model", "noop")
         wait_http(f"{self.base}/readyz")
         time.sleep(3 if worker else 1)
 
-    def _spawn(self, name: str, *args: str) -> None:
-        log = (self.logs / f"{self.label}-{name}.log").open("ab")
-        cmd = [sys.executable, "-m", "inferq", "--log-level", "WARNING", *args]
-        self.procs.append(
-            subprocess.Popen(
-                cmd, cwd=self.checkout, env=self.env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-            )
-        )
-        log.close()
-
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.procs.clear()
+        self.procs.stop()
 
 
 def submits(version: Version, seconds: float, tool: str) -> dict[str, Any]:
