@@ -161,13 +161,28 @@ class SentinelGroup:
         server._kill()
         return port
 
+    def _ports_told(self) -> set[int]:
+        """The primary's port as each answering sentinel tells it (one sentinel leads a failover; the others learn of
+        it over their hello channel a moment later)."""
+        told = set()
+        for sentinel in self.sentinels:
+            try:
+                with redis_py.Redis(port=sentinel.port, socket_timeout=1) as client:
+                    _, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                    told.add(int(port))
+            except redis_py.RedisError:
+                continue
+        return told
+
     def wait_for_new_primary(self, old_port: int, timeout_s: float = 60) -> int:
-        """Until the sentinels have promoted another server and it accepts writes; its port."""
+        """Until every answering sentinel names the same new primary and it accepts writes; its port. Waiting for the
+        first sentinel only let a client that asked another one still be sent to the old primary."""
 
         def promoted() -> bool:
-            port = self.primary_port()
-            if port == old_port:
+            told = self._ports_told()
+            if len(told) != 1 or old_port in told:
                 return False
+            (port,) = told
             try:
                 with redis_py.Redis(port=port, socket_timeout=1) as client:
                     return client.info("replication")["role"] == "master"
