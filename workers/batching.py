@@ -484,7 +484,7 @@ class BatchWorker(SimpleWorker):
             log.info("worker %s: %d canceled job(s) dropped from the batch", self.name, len(result.dropped))
         items = []
         for job in result.jobs:
-            if "batch" not in job.info:
+            if F.BATCH not in job.info:
                 items.append(Item(job, job.payload, job.info.get(F.CONTENT_TYPE, "")))
                 continue
             try:

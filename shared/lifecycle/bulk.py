@@ -163,9 +163,17 @@ def _cancel_slices(
         # The chunk list is complete and never changes once the batch is visible.
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
         per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
-        args = [owner or "", settings.canceled_ttl_s, current_timestamp(), utcformat(now()), keys.EVENTS_CHANNEL]
-        args += [CANCELED_LINE_TAIL, CANCEL_SCAN_ENTRIES, *calls.metrics_args()]
-        args += layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
+        args = {
+            "owner": owner or "",
+            "ttl": settings.canceled_ttl_s,
+            "now": current_timestamp(),
+            "stamp": utcformat(now()),
+            "channel": keys.EVENTS_CHANNEL,
+            "canceled_tail": CANCELED_LINE_TAIL,
+            "scan_bound": CANCEL_SCAN_ENTRIES,
+            "metrics": calls.metrics_args(),
+            "delivery": calls.delivery_args(settings),
+        }
         reply, told_events = told(
             bulk_scripts.CANCEL_CHUNKS(connection, fixed, per_chunk, args, defer=durability.defers(settings))
         )

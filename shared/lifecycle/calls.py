@@ -15,15 +15,21 @@ from inferq.shared.settings import Settings
 TERMINAL_RQ = {"finished": "finished", "failed": "failed", "stopped": "failed", "canceled": "canceled"}
 
 
-def delivery_args(settings: Settings) -> tuple[Any, ...]:
-    """The scripts' delivery template: how an end's webhook delivery is queued (``layout.delivery_template``)."""
+def delivery_args(settings: Settings) -> dict[str, Any]:
+    """The scripts' ``@delivery`` argument: how an end's webhook delivery is queued (``layout.delivery_template``)."""
     return layout.delivery_template(settings.webhook_ttl_s, settings.webhook_timeout_s)
 
 
-def metrics_args(at: float | None = None) -> list[Any]:
-    """The scripts' metrics group: totals TTL, window TTL, failures kept, their TTL, now."""
+def metrics_args(at: float | None = None) -> dict[str, Any]:
+    """The scripts' ``@metrics`` argument: totals TTL, window TTL, failures kept, their TTL, now."""
     now_s = time.time() if at is None else at
-    return [metrics.TOTALS_TTL_S, metrics.WINDOW_TTL_S, metrics.FAILURES_KEPT, metrics.FAILURES_TTL_S, repr(now_s)]
+    return {
+        "ttl": metrics.TOTALS_TTL_S,
+        "window_ttl": metrics.WINDOW_TTL_S,
+        "keep": metrics.FAILURES_KEPT,
+        "failures_ttl": metrics.FAILURES_TTL_S,
+        "now": repr(now_s),
+    }
 
 
 def metrics_keys(model: str, at: float | None = None) -> list[str]:

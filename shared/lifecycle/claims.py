@@ -56,9 +56,15 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
             connection,
             [hk.queue, layout.QUEUES_SET],
             per_job,
-            [settings.failure_ttl_s, utcformat(now()), keys.EVENTS_CHANNEL, DIED_LINE_TAIL, *calls.metrics_args()]
-            + [*calls.delivery_args(settings)]
-            + list(job_ids),
+            {
+                "ttl": settings.failure_ttl_s,
+                "stamp": utcformat(now()),
+                "channel": keys.EVENTS_CHANNEL,
+                "died_tail": DIED_LINE_TAIL,
+                "metrics": calls.metrics_args(),
+                "delivery": calls.delivery_args(settings),
+                "ids": job_ids,
+            },
             defer=durability.defers(settings),
         )
     )
@@ -113,7 +119,7 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:
         return []
-    args = [want, keys.CHUNK_PREFIX]
+    args = {"want": want, "stop": keys.CHUNK_PREFIX}
     return [calls.text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
 
 
@@ -197,11 +203,21 @@ def start(
         ]
         for i, e in zip(job_ids, execution_ids, strict=True)
     ]
-    args: list[Any] = [current_timestamp() + heartbeat_ttl_s, heartbeat_ttl_s, job_ttl_s, worker_name]
-    args += [utcformat(started_at), repr(started_at.timestamp()), keys.EVENTS_CHANNEL, model, repr(time.time())]
-    args += [EXPIRED_LINE_TAIL, *calls.metrics_args(), *calls.delivery_args(settings)]
-    for job_id, execution_id in zip(job_ids, execution_ids, strict=True):
-        args += [job_id, execution_id]
+    args = {
+        "score": current_timestamp() + heartbeat_ttl_s,
+        "execution_ttl": heartbeat_ttl_s,
+        "job_ttl": job_ttl_s,
+        "worker": worker_name,
+        "stamp": utcformat(started_at),
+        "timestamp": repr(started_at.timestamp()),
+        "channel": keys.EVENTS_CHANNEL,
+        "model": model,
+        "now": repr(time.time()),
+        "expired_tail": EXPIRED_LINE_TAIL,
+        "metrics": calls.metrics_args(),
+        "delivery": calls.delivery_args(settings),
+        "jobs": list(zip(job_ids, execution_ids, strict=True)),
+    }
     position = len(pipe)
     fixed = [qk.intermediate, qk.started, hk.queue, layout.QUEUES_SET, *calls.metrics_keys(model)]
     scripts.START(pipe, fixed + [keys.waiting_items_key(qk.name)], per_job, args, defer=durability.defers(settings))
@@ -262,10 +278,7 @@ def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[tuple[str, str]],
 
 def _give_back(client: Any, qk: QueueKeys, jobs: Sequence[tuple[str, str]], worker_name: str) -> Any:
     per_job = [[layout.job_key(i), layout.execution_key(i, e), layout.executions_key(i)] for i, e in jobs]
-    args: list[Any] = [worker_name]
-    for job_id, execution_id in jobs:
-        args += [job_id, execution_id]
-    return scripts.GIVE_BACK(client, [qk.queue, qk.started], per_job, args)
+    return scripts.GIVE_BACK(client, [qk.queue, qk.started], per_job, {"worker": worker_name, "jobs": jobs})
 
 
 def give_back_lost(
@@ -279,7 +292,7 @@ def give_back_lost(
     with connection.pipeline(transaction=True) as pipe:
         if execution_ids:
             _give_back(pipe, qk, list(zip(job_ids, execution_ids, strict=True)), worker_name)
-        scripts.GIVE_BACK_HELD(pipe, [qk.queue, qk.intermediate], args=list(job_ids))
+        scripts.GIVE_BACK_HELD(pipe, [qk.queue, qk.intermediate], args={"ids": job_ids})
         replies = pipe.execute()
     return [calls.text(i) for reply in replies for i in reply]
 
@@ -288,7 +301,8 @@ def give_back_held(connection: Redis, qk: QueueKeys, job_ids: Sequence[str]) -> 
     """Popped jobs that never started back at the front of their queue, in order."""
     if not job_ids:
         return []
-    return [calls.text(i) for i in scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args=list(job_ids))]
+    back = scripts.GIVE_BACK_HELD(connection, [qk.queue, qk.intermediate], args={"ids": job_ids})
+    return [calls.text(i) for i in back]
 
 
 # Times a job popped but never started is put back (see scripts.RESCUE); after that RQ's cleanup retries or fails it.
@@ -301,6 +315,8 @@ def rescue_stuck(connection: Redis, queue: Any) -> list[str]:
     back = []
     for job_id in reversed([i for i in stuck.get_job_ids() if stuck.should_be_cleaned_up(i)]):
         job_keys = [qk.intermediate, qk.queue, layout.job_key(job_id), keys.info_key(job_id)]
-        if scripts.RESCUE(connection, [*job_keys, stuck.get_first_seen_key(job_id)], args=[job_id, RESCUE_LIMIT]):
+        if scripts.RESCUE(
+            connection, [*job_keys, stuck.get_first_seen_key(job_id)], args={"id": job_id, "limit": RESCUE_LIMIT}
+        ):
             back.append(job_id)
     return back[::-1]

@@ -88,8 +88,17 @@ def finish(
     position = len(pipe)
     fixed = [qk.started, qk.finished, qk.failed, hk.queue, layout.QUEUES_SET, worker_key]
     fixed += calls.metrics_keys(keys.model_from_queue(qk.name))
-    args: list[Any] = [current_timestamp(), keys.EVENTS_CHANNEL, worker_name, repr(working_s), *calls.metrics_args()]
-    args += [metrics.encode(batch_metrics or {}), metrics.encode(total), *calls.delivery_args(settings), *entries]
+    args = {
+        "now": current_timestamp(),
+        "channel": keys.EVENTS_CHANNEL,
+        "worker": worker_name,
+        "working_s": repr(working_s),
+        "metrics": calls.metrics_args(),
+        "batch_metrics": metrics.encode(batch_metrics or {}),
+        "all_metrics": metrics.encode(total),
+        "delivery": calls.delivery_args(settings),
+        "jobs": entries,
+    }
     scripts.FINISH(pipe, fixed, per_job, args, defer=durability.defers(settings))
     return FinishCall(position)
 

@@ -1,7 +1,8 @@
 """inferq's own hash beside each RQ job (``keys.info_key``): its fields, named, written and read here.
 
-The API writes a submit's fields (``at_submit``); the worker's finish adds the run's (``at_finish``); the
-scripts set the flags by the same names (``F.ANNOUNCED`` once an end was told, ``F.CANCELED``). A job's view
+The API writes a submit's fields (``at_submit``), an upload a bulk chunk's (``at_upload``); the worker's finish
+adds the run's (``at_finish``); the scripts set the flags by the same names (``F.ANNOUNCED`` once an end was told,
+``F.CANCELED``): ``lua.Script`` hands them these names as the Lua table ``F``. A job's view
 reads the hash back typed (``JobInfo.of``). RQ's own job hash is another thing: ``rqhash`` reads that.
 """
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 class F:
-    """The info hash's field names (the Lua scripts in lua/ use the same literal names)."""
+    """The info hash's field names (the Lua scripts read them as ``F.MODEL`` and so on)."""
 
     # Written at submit.
     MODEL = "model"
@@ -30,6 +32,14 @@ class F:
     # Flags the scripts set.
     CANCELED = "canceled"
     ANNOUNCED = "announced"
+    RESCUED = "rescued"  # times the job was put back after it was popped and never started (scripts.RESCUE)
+    # A bulk chunk's own (upload.Upload writes them): its id, its batch, its items and their custom ids as the API
+    # encoded them (JSON strings, one a line), and `counted` once its items count as running.
+    ID = "id"
+    BATCH = "batch"
+    ITEMS = "items"
+    CUSTOM_IDS = "custom_ids"
+    COUNTED = "counted"
 
 
 TIMINGS = (F.QUEUE_MS, F.INFERENCE_MS)
@@ -97,3 +107,18 @@ def at_finish(
     if error is not None:
         info[F.ERROR] = error
     return info
+
+
+def at_upload(
+    chunk_id: str, model: str, batch_id: str, items: int, content_type: str, deadline: str, custom_ids: str
+) -> dict[str, Any]:
+    """The fields a bulk chunk is staged with."""
+    return {
+        F.ID: chunk_id,
+        F.MODEL: model,
+        F.BATCH: batch_id,
+        F.ITEMS: items,
+        F.CONTENT_TYPE: content_type,
+        F.DEADLINE: deadline,
+        F.CUSTOM_IDS: custom_ids,
+    }

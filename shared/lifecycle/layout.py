@@ -7,8 +7,10 @@ start against an rq outside the range this layout was written for.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from redis import Redis
@@ -137,15 +139,15 @@ def queued_job_fields(queue_name: str, func: str, *, drop: tuple[str, ...] = (),
 
 
 @lru_cache(maxsize=8)
-def delivery_template(ttl_s: int, timeout_s: float) -> tuple[Any, ...]:
-    """The hash of a first delivery job, as RQ's enqueue writes it, for the scripts to copy.
+@functools.lru_cache(maxsize=8)
+def delivery_template(ttl_s: int, timeout_s: float) -> dict[str, Any]:
+    """The hash of a first delivery job, as RQ's enqueue writes it, for the scripts to copy: the scripts'
+    ``@delivery`` argument {ttl, prefix (of the delivery's id), fields}.
 
-    ARGV form: ttl, id prefix, number of fields, then the fields. The scripts add the id, the
-    timestamps and the description. The job's call carries no arguments: ``deliver`` reads its
-    job from the delivery's id.
+    The scripts add the id, the timestamps and the description. The job's call carries no arguments:
+    ``deliver`` reads its job from the delivery's id. (Cached: the same for every call; never changed.)
     """
     fields = queued_job_fields(
         keys.WEBHOOK_QUEUE, DELIVER_FUNC, drop=("description",), **delivery_options(ttl_s, timeout_s)
     )
-    flat = [value for pair in fields.items() for value in pair]
-    return (ttl_s, DELIVERY_PREFIX, len(fields), *flat)
+    return {"ttl": ttl_s, "prefix": DELIVERY_PREFIX, "fields": MappingProxyType(fields)}

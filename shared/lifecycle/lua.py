@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from redis.exceptions import NoScriptError
+
+from inferq.shared.lifecycle.info import F
+
+# The info hash's field names as the scripts read them: F.ITEMS is info.F.ITEMS.
+_INFO_FIELDS = "local F = {" + ", ".join(f"{n} = '{v}'" for n, v in sorted(vars(F).items()) if n.isupper()) + "}\n"
 
 # The folder of the scripts' sources (one <name>.lua each) and of the functions several share (lib/).
 SOURCES = Path(__file__).with_name("lua")
@@ -45,7 +50,6 @@ local OUTBOX = {}
 local function emit(channel, message)
   if DEFER then OUTBOX[#OUTBOX + 1] = message else redis.call('PUBLISH', channel, message) end
 end
-local function main()
 """
 
 
@@ -66,29 +70,159 @@ CANCELED_LINE_TAIL = line_tail("canceled")
 Items = Sequence[Sequence[str]]
 
 
-_HEADER_FIELDS = ("KEYS", "KEYS per item", "uses")
+_HEADER_FIELDS = ("KEYS", "KEYS per item", "ARGV", "uses")
+
+# The groups of arguments several scripts take, named in a header's ARGV line as ``@name``: the metrics group
+# (``calls.metrics_args``) and the webhook delivery template (``calls.delivery_args``).
+SHAPES = {
+    "metrics": "ttl, window_ttl, keep, failures_ttl, now",
+    "delivery": "ttl, prefix, fields<>",
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One named argument of a script's ARGV, as its header declares it: ``name`` a value, ``name[]`` a list of
+    values, ``name[a, b]`` a list of records, ``name{a, b}`` a record, ``name<>`` a hash's fields (a mapping, handed
+    to Lua as the flat field/value list HSET takes), ``@shape`` the group ``SHAPES`` names."""
+
+    name: str
+    kind: str  # "value", "list", "pairs", "record" (fields), "records" (a list of records of fields)
+    fields: tuple[Arg, ...] = ()
+
+    def encode(self, value: Any, out: list[Any]) -> None:
+        """Append ``value``'s ARGV form: a list or hash is its length, then its items."""
+        kind = self.kind
+        if kind == "value":
+            out.append(value)
+        elif kind == "list":
+            out.append(len(value))
+            out.extend(value)
+        elif kind == "pairs":
+            out.append(len(value))
+            for pair in value.items():
+                out.extend(pair)
+        elif kind == "record":
+            _encode_record(self.name, self.fields, value, out)
+        else:
+            out.append(len(value))
+            for record in value:
+                _encode_record(self.name, self.fields, record, out)
+
+    def lua(self) -> str:
+        """The decoder's spec for it, as a Lua literal: 0 a value, {list=…} a list, {pairs=true} a hash's fields,
+        else a record's {name, spec} fields."""
+        if self.kind == "value":
+            return "0"
+        if self.kind == "list":
+            return "{list=0}"
+        if self.kind == "pairs":
+            return "{pairs=true}"
+        record = "{" + ",".join(f"{{'{f.name}',{f.lua()}}}" for f in self.fields) + "}"
+        return record if self.kind == "record" else f"{{list={record}}}"
+
+
+def _encode_record(name: str, fields: tuple[Arg, ...], value: Any, out: list[Any]) -> None:
+    """A record by name (a mapping, exactly its fields) or in its fields' order (a sequence)."""
+    if isinstance(value, Mapping):
+        if len(value) != len(fields) or any(f.name not in value for f in fields):
+            raise TypeError(f"argument {name} takes {[f.name for f in fields]}, got {sorted(value)}")
+        for field in fields:
+            field.encode(value[field.name], out)
+        return
+    if len(value) != len(fields):
+        raise TypeError(f"argument {name} takes {[f.name for f in fields]}, got {len(value)} values")
+    for field, item in zip(fields, value, strict=True):
+        field.encode(item, out)
+
+
+def parse_args(text: str) -> tuple[Arg, ...]:
+    """A header's ARGV declaration (``Arg`` says the forms), names separated by commas."""
+    args, rest = _parse(text.replace(" ", ""), 0)
+    if rest != len(text.replace(" ", "")):
+        raise ValueError(f"cannot read the ARGV declaration {text!r}")
+    return args
+
+
+def _parse(text: str, at: int) -> tuple[tuple[Arg, ...], int]:
+    out: list[Arg] = []
+    while at < len(text) and text[at] not in "]}":
+        end = at
+        while end < len(text) and (text[end].isalnum() or text[end] in "_@"):
+            end += 1
+        name = text[at:end]
+        if not name:
+            raise ValueError(f"cannot read the ARGV declaration {text!r} at {at}")
+        at = end
+        if name.startswith("@"):
+            out.append(Arg(name[1:], "record", parse_args(SHAPES[name[1:]])))
+        elif text.startswith("[]", at):
+            out.append(Arg(name, "list"))
+            at += 2
+        elif text.startswith("<>", at):
+            out.append(Arg(name, "pairs"))
+            at += 2
+        elif at < len(text) and text[at] in "[{":
+            fields, at = _parse(text, at + 1)
+            out.append(Arg(name, "records" if text[at] == "]" else "record", fields))
+            at += 1
+        else:
+            out.append(Arg(name, "value"))
+        if at < len(text) and text[at] == ",":
+            at += 1
+    if len({a.name for a in out}) != len(out):
+        raise ValueError(f"the ARGV declaration {text!r} names an argument twice")
+    return tuple(out), at
+
+
+# Decodes ARGV into the table A by the script's declared names (its spec, ``Arg.lua``).
+_DECODE = """local function decode_args(spec, at)
+  if spec == 0 then return ARGV[at], at + 1 end
+  local out = {}
+  if spec.list or spec.pairs then
+    local n = tonumber(ARGV[at])
+    at = at + 1
+    if spec.list == 0 or spec.pairs then
+      local width = spec.pairs and 2 or 1
+      for i = 1, width * n do out[i] = ARGV[at + i - 1] end
+      return out, at + width * n
+    end
+    for i = 1, n do out[i], at = decode_args(spec.list, at) end
+    return out, at
+  end
+  for _, field in ipairs(spec) do out[field[1]], at = decode_args(field[2], at) end
+  return out, at
+end
+"""
 
 
 @dataclass(frozen=True)
 class Script:
-    """A named Lua script and the keys it declares: fixed ones, then a group per item."""
+    """A named Lua script, the keys it declares (fixed ones, then a group per item) and its named arguments.
+
+    In Lua, ``K.<name>`` is a fixed key, ``A.<name>`` an argument (``Arg`` says the forms; values arrive as
+    strings) and ``F.<NAME>`` an info hash field's name (``info.F``), so the scripts and the Python that reads
+    the hash spell each field once.
+    """
 
     name: str
     keys: tuple[str, ...]
     source: str
     per_item: tuple[str, ...] = ()
+    args: tuple[Arg, ...] = ()
 
     @classmethod
     def load(cls, name: str) -> Script:
-        """The script in <name>.lua, its keys as its header declares them (``KEYS:``, ``KEYS per item:``),
-        after the lib/ functions its header's ``uses:`` names."""
+        """The script in <name>.lua, its keys and arguments as its header declares them (``KEYS:``,
+        ``KEYS per item:``, ``ARGV:``), after the lib/ functions its header's ``uses:`` names."""
         header, code = _parts(SOURCES / f"{name}.lua")
         fields = dict(line.split(": ", 1) for line in header if line.split(": ", 1)[0] in _HEADER_FIELDS)
         fixed = fields.get("KEYS", "")
         keys = () if fixed == "(none fixed)" else tuple(k.strip() for k in fixed.split(","))
         per_item = tuple(k.strip() for k in fields["KEYS per item"].split(",")) if "KEYS per item" in fields else ()
         uses = [u.strip() for u in fields["uses"].split(",")] if "uses" in fields else []
-        return cls(name, keys, "".join(library(u) for u in uses) + code, per_item)
+        args = parse_args(fields["ARGV"]) if fields.get("ARGV", "(none)") != "(none)" else ()
+        return cls(name, keys, "".join(library(u) for u in uses) + code, per_item, args)
 
     @property
     def emits(self) -> bool:
@@ -96,27 +230,39 @@ class Script:
         return "local function announce(" in self.source
 
     def __call__(
-        self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = (), *, defer: bool = False
+        self,
+        client: Any,
+        fixed: Sequence[str],
+        items: Items = (),
+        args: Mapping[str, Any] | None = None,
+        *,
+        defer: bool = False,
     ) -> Any:
         flat = self._keys(fixed, items)
         return client.eval(self.body, len(flat), *flat, *self._args(args, defer))
 
-    async def call_async(self, client: Any, fixed: Sequence[str], items: Items = (), args: Sequence[Any] = ()) -> Any:
+    async def call_async(
+        self, client: Any, fixed: Sequence[str], items: Items = (), args: Mapping[str, Any] | None = None
+    ) -> Any:
         """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
         flat = self._keys(fixed, items)
-        args = self._args(args, False)
+        argv = self._args(args, False)
         try:
-            return await client.evalsha(self.sha, len(flat), *flat, *args)
+            return await client.evalsha(self.sha, len(flat), *flat, *argv)
         except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-            return await client.eval(self.body, len(flat), *flat, *args)
+            return await client.eval(self.body, len(flat), *flat, *argv)
 
-    def _args(self, args: Sequence[Any], defer: bool) -> Sequence[Any]:
-        """An emitting script's ARGV ends with whether its events wait for the caller (its prelude takes it off)."""
+    def _args(self, args: Mapping[str, Any] | None, defer: bool) -> list[Any]:
+        """The ARGV of ``args`` (exactly the declared names); an emitting script's ends with whether its events wait
+        for the caller (its prelude takes it off)."""
+        out: list[Any] = []
+        _encode_record(self.name, self.args, args or {}, out)
         if not self.emits:
             if defer:
                 raise TypeError(f"script {self.name} tells of no end: nothing to defer")
-            return args
-        return [*args, "1" if defer else "0"]
+            return out
+        out.append("1" if defer else "0")
+        return out
 
     def _keys(self, fixed: Sequence[str], items: Items) -> list[str]:
         if len(fixed) != len(self.keys):
@@ -130,11 +276,17 @@ class Script:
 
     @cached_property
     def body(self) -> str:
-        stride = len(self.per_item)
-        head = f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {stride}\n"
+        named = ", ".join(f"{key} = KEYS[{n}]" for n, key in enumerate(self.keys, 1))
+        head = f"-- inferq:{self.name}\nlocal FIXED, STRIDE = {len(self.keys)}, {len(self.per_item)}\n"
+        head += f"local K = {{{named}}}\n{_INFO_FIELDS}"
+        if self.emits:
+            head += _EMITTING
+        if self.args:
+            spec = "{" + ",".join(f"{{'{a.name}',{a.lua()}}}" for a in self.args) + "}"
+            head += f"{_DECODE}local A = decode_args({spec}, 1)\n"
         if not self.emits:
             return head + self.source
-        return f"{head}{_EMITTING}{self.source}\nend\nreturn {{main(), OUTBOX}}\n"
+        return f"{head}local function main()\n{self.source}\nend\nreturn {{main(), OUTBOX}}\n"
 
     @cached_property
     def sha(self) -> str:

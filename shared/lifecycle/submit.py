@@ -8,10 +8,11 @@ finish cannot both win, a vanished job is never re-created, and every end is tol
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, cast
 
 from redis import Redis
@@ -69,8 +70,9 @@ def job_template(
     timeout_s: int,
     retries: int,
     description: str,
-) -> tuple[Any, ...]:
-    """RQ's job hash for these options, built once by RQ's own ``Job.to_dict()``, less its timestamps.
+) -> Mapping[str, Any]:
+    """RQ's job hash for these options, built once by RQ's own ``Job.to_dict()``, less its timestamps (read-only:
+    it is cached).
 
     Every field RQ reads stays what RQ itself writes (``rq info``, ``Job.fetch``, rq-dashboard); what
     differs between two jobs of the same options is only the job's key and its timestamps.
@@ -87,10 +89,10 @@ def job_template(
         # RQ's abandoned-job cleanup requeues a dead worker's jobs while retries are left.
         retry=Retry(max=retries) if retries else None,
     )
-    return tuple(value for pair in fields.items() for value in pair)
+    return MappingProxyType(fields)
 
 
-def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], datetime]:
+def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, Any], datetime]:
     """ENQUEUE's keys, per-item keys and arguments for ``new``, and the job's creation time."""
     queue_name = keys.queue_name(new.model, new.lane)
     template = job_template(
@@ -105,13 +107,21 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], list[Any], d
     )
     created_at = now()
     stamp = utcformat(created_at)
-    info_flat = [value for pair in new.info.items() for value in pair]
     qk = layout.queue_keys(queue_name)
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
-    args = [new.id, new.max_queue_length, idem_value, new.idempotency_ttl_s, new.payload, new.live_s]
-    args += [new.info_ttl_s, new.queue_ttl_s, len(new.info), *info_flat, *template]
-    args += ["created_at", stamp, "enqueued_at", stamp]
+    args = {
+        "id": new.id,
+        "max_length": new.max_queue_length,
+        "idempotency": idem_value,
+        "idempotency_ttl": new.idempotency_ttl_s,
+        "payload": new.payload,
+        "payload_ttl": new.live_s,
+        "info_ttl": new.info_ttl_s,
+        "job_ttl": new.queue_ttl_s,
+        "info": new.info,
+        "job": {**template, "created_at": stamp, "enqueued_at": stamp},
+    }
     return fixed, [[idem_key]] if idem_key else [], args, created_at
 
 
@@ -181,8 +191,17 @@ def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None
             scripts.CANCEL(
                 connection,
                 job_keys,
-                args=[job_id, owner or "", qk.name, settings.canceled_ttl_s, current_timestamp(), utcformat(now())]
-                + [keys.EVENTS_CHANNEL, *calls.metrics_args(), *calls.delivery_args(settings)],
+                args={
+                    "id": job_id,
+                    "owner": owner or "",
+                    "origin": qk.name,
+                    "ttl": settings.canceled_ttl_s,
+                    "now": current_timestamp(),
+                    "stamp": utcformat(now()),
+                    "channel": keys.EVENTS_CHANNEL,
+                    "metrics": calls.metrics_args(),
+                    "delivery": calls.delivery_args(settings),
+                },
                 defer=durability.defers(settings),
             )
         )

@@ -31,7 +31,8 @@ from rq.utils import now, utcformat
 
 from inferq.shared import durability, keys
 from inferq.shared.errors import PayloadTooLarge
-from inferq.shared.lifecycle import bulk_scripts, layout, submit
+from inferq.shared.lifecycle import bulk_scripts, calls, layout, submit
+from inferq.shared.lifecycle.info import at_upload
 from inferq.shared.lifecycle.lua import told
 from inferq.shared.settings import Settings
 
@@ -101,7 +102,7 @@ class BatchWriter:
             "bulk chunk",
         )
         stamp = utcformat(self.created)
-        self._job = {**dict(zip(template[::2], template[1::2], strict=True)), "created_at": stamp, "enqueued_at": stamp}
+        self._job = {**template, "created_at": stamp, "enqueued_at": stamp}
         self._deadline = f"{self.created.timestamp() + window_s:.3f}"
         self._chunk: list[BulkItem] = []  # the next chunk, not yet full
         self._ready: list[list[BulkItem]] = []  # full chunks, not yet staged
@@ -116,7 +117,7 @@ class BatchWriter:
         """For each (custom_id, line number): 0 if the upload had not held it yet, else the line that first did."""
         if not pairs:
             return []
-        args: list[Any] = [STAGE_TTL_S, *(value for pair in pairs for value in pair)]
+        args = {"ttl": STAGE_TTL_S, "ids": pairs}
         firsts = bulk_scripts.CHECK_IDS(self.connection, [keys.batch_ids_key(self.id)], args=args)
         return [int(line) for line in firsts]
 
@@ -178,9 +179,17 @@ class BatchWriter:
         fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(self.id), keys.batch_chunks_key(self.id)]
         fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key, waiting]
         fixed += [layout.job_key(keys.chunk_id(self.id, 0))]
-        args: list[Any] = ["1" if idempotency else "0", idem_value, PENDING_IDEMPOTENCY_TTL_S, self.record_ttl_s]
-        args += ["" if self.max_chunks is None else self.max_chunks, "" if self.max_items is None else self.max_items]
-        args += [chunks, self.items, len(record), *(value for pair in record.items() for value in pair)]
+        args: dict[str, Any] = {
+            "has_idempotency": "1" if idempotency else "0",
+            "idempotency_value": idem_value,
+            "idempotency_ttl": PENDING_IDEMPOTENCY_TTL_S,
+            "record_ttl": self.record_ttl_s,
+            "max_chunks": "" if self.max_chunks is None else self.max_chunks,
+            "max_items": "" if self.max_items is None else self.max_items,
+            "chunks": chunks,
+            "items": self.items,
+            "record": record,
+        }
         verdict, existing = (_text(v) for v in bulk_scripts.QUEUE_BATCH(self.connection, fixed, args=args))
         if verdict != "ok":
             self.discard()
@@ -191,16 +200,20 @@ class BatchWriter:
             ids = [keys.chunk_id(self.id, n) for n in numbers]
             items = sum(min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers)
             per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
-            args = [self.settings.batch_window_s, self.live_s, self.info_ttl_s, self.live_s, items, *ids]
+            ttls = {"job_ttl": self.settings.batch_window_s, "payload_ttl": self.live_s, "info_ttl": self.info_ttl_s}
+            args = {**ttls, "waiting_ttl": self.live_s, "items": items, "ids": ids}
             bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue, waiting], per_chunk, args)
         hk = layout.hooks()
         fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.batch_delivery_key(self.id)]
         fixed += [hk.queue, layout.QUEUES_SET]
-        args = ["1" if idempotency else "0", idem_value, self.settings.idempotency_ttl_s, utcformat(now())]
-        args += [
-            keys.EVENTS_CHANNEL,
-            *layout.delivery_template(self.settings.webhook_ttl_s, self.settings.webhook_timeout_s),
-        ]
+        args = {
+            "has_idempotency": "1" if idempotency else "0",
+            "idempotency_value": idem_value,
+            "idempotency_ttl": self.settings.idempotency_ttl_s,
+            "stamp": utcformat(now()),
+            "channel": keys.EVENTS_CHANNEL,
+            "delivery": calls.delivery_args(self.settings),
+        }
         _, events = told(
             bulk_scripts.PUBLISH_BATCH(self.connection, fixed, args=args, defer=durability.defers(self.settings))
         )
@@ -239,28 +252,20 @@ class BatchWriter:
         """One staging round trip: the full chunks and refused lines taken since the last."""
         if not self._ready and not self._refused:
             return
-        per_chunk, args = [], [STAGE_TTL_S, len(self._refused), *self._refused]
+        per_chunk, staged = [], []
         with self.connection.pipeline(transaction=False) as pipe:
             for chunk in self._ready:
                 chunk_id = keys.chunk_id(self.id, self.chunks)
                 self.chunks += 1
                 pipe.set(keys.payload_key(chunk_id), _chunk_body(chunk), ex=STAGE_TTL_S)
                 per_chunk.append([layout.job_key(chunk_id), keys.info_key(chunk_id)])
-                info = {
-                    "id": chunk_id,
-                    "model": self.model,
-                    "batch": self.id,
-                    "items": len(chunk),
-                    "content_type": CHUNK_CONTENT_TYPE,
-                    "result_ttl_s": self.result_ttl_s,
-                    "deadline": self._deadline,
-                    # The scripts that end a chunk unrun write its lines from these, never decoding client text.
-                    "custom_ids": encode_ids(item.custom_id for item in chunk),
-                }
+                # The scripts that end a chunk unrun write its lines from its custom ids, never decoding client text.
+                ids = encode_ids(item.custom_id for item in chunk)
+                info = at_upload(chunk_id, self.model, self.id, len(chunk), CHUNK_CONTENT_TYPE, self._deadline, ids)
                 job = {**self._job, "description": f"{self.model} bulk chunk of {len(chunk)} (batch {self.id})"}
-                args += [chunk_id, len(info), *(v for pair in info.items() for v in pair)]
-                args += [len(job), *(v for pair in job.items() for v in pair)]
+                staged.append((chunk_id, info, job))
             lists = [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id)]
+            args = {"ttl": STAGE_TTL_S, "refused": self._refused, "chunks": staged}
             bulk_scripts.STAGE_CHUNKS(pipe, lists, per_chunk, args)
             pipe.execute()
         self._ready, self._refused = [], []

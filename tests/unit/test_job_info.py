@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 
-from inferq.shared.lifecycle.info import F, JobInfo, at_finish, at_submit
-from inferq.shared.lifecycle.lua import SOURCES
+from inferq.shared.lifecycle.info import F, JobInfo, at_finish, at_submit, at_upload
+from inferq.shared.lifecycle.lua import SOURCES, Script
 
 
 def test_a_submit_and_a_finish_read_back_as_written() -> None:
@@ -37,7 +38,22 @@ def test_what_is_not_written_reads_as_absent() -> None:
     assert set(at_finish(1, "w", "1.000")) == {F.BATCH_SIZE, F.WORKER, F.INFERENCE_MS}
 
 
-def test_the_scripts_name_the_fields_they_share_with_python_as_the_record_does() -> None:
-    lua = "".join(path.read_text() for path in SOURCES.rglob("*.lua"))
-    for name in (F.MODEL, F.DEADLINE, F.WEBHOOK, F.OWNER, F.BATCH_SIZE, F.CANCELED, F.ANNOUNCED):
-        assert f"'{name}'" in lua, name
+def test_the_scripts_name_the_info_fields_by_the_record_never_by_literal() -> None:
+    """The scripts read and write the info hash as F.<NAME>, handed to them from info.F: a renamed field in Python
+    renames it in Lua, and a name Lua spells that the record lacks fails here, not on a live server."""
+    fields = {name: value for name, value in vars(F).items() if name.isupper()}
+    lua = {path.name: path.read_text() for path in SOURCES.rglob("*.lua")}
+    used = {name for text in lua.values() for name in re.findall(r"\bF\.([A-Z_]+)", text)}
+    assert used <= set(fields), used - set(fields)
+    assert {F.ITEMS, F.ANNOUNCED, F.CANCELED, F.COUNTED, F.CUSTOM_IDS, F.DEADLINE} <= {fields[n] for n in used}
+    for name, text in lua.items():
+        for call in re.findall(r"redis\.call\('H\w+', (?:d\.)?info, ([^)]*)\)", text):
+            literals = set(re.findall(r"'([^']*)'", call))
+            assert not literals & set(fields.values()), f"{name}: {call}"
+    assert all(f"{n} = '{v}'" in Script.load("start").body for n, v in fields.items())
+
+
+def test_a_chunk_is_staged_with_the_fields_the_scripts_read() -> None:
+    raw = at_upload("c-1", "m", "b", 3, "application/x-chunk", "1.000", '"a"\n"b"\n"c"')
+    assert {F.ID, F.BATCH, F.ITEMS, F.CUSTOM_IDS, F.DEADLINE} <= set(raw)
+    assert raw[F.ITEMS] == 3

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from inferq.shared.lifecycle import scripts
-from inferq.shared.lifecycle.lua import SOURCES, Script, library
+from inferq.shared.lifecycle.lua import SOURCES, Script, library, parse_args
 
 
 def test_every_lua_file_is_a_loaded_script_or_a_used_library() -> None:
@@ -48,3 +49,48 @@ def test_a_batch_delivery_subject_is_spelled_once_for_python_and_lua() -> None:
     assert layout.subject_of(layout.BATCH_SUBJECT + "abc") == ("batch", "abc")
     assert layout.subject_of("abc") == ("job", "abc")
     assert layout.batch_delivery_key("abc") == layout.delivery_key(layout.BATCH_SUBJECT + "abc")
+
+
+def test_an_argv_declaration_reads_every_form() -> None:
+    args = parse_args("id, ids[], jobs[id, execution], info<>, @metrics, shape{a, b[]}")
+    assert [(a.name, a.kind) for a in args] == [
+        ("id", "value"),
+        ("ids", "list"),
+        ("jobs", "records"),
+        ("info", "pairs"),
+        ("metrics", "record"),
+        ("shape", "record"),
+    ]
+    assert [f.name for f in args[4].fields] == ["ttl", "window_ttl", "keep", "failures_ttl", "now"]
+    assert [(f.name, f.kind) for f in args[5].fields] == [("a", "value"), ("b", "list")]
+    for bad in ("a, a", "a[", "a, , b", "x{y"):
+        with pytest.raises((ValueError, IndexError)):
+            parse_args(bad)
+
+
+def test_a_call_gives_exactly_the_declared_names_and_they_go_out_in_order() -> None:
+    script = Script("t", ("k",), "return 1", args=parse_args("id, jobs[id, execution], info<>, tail[]"))
+    out = script._args(
+        {"tail": ["x"], "info": {"a": 1, "b": 2}, "jobs": [("j1", "e1"), {"execution": "e2", "id": "j2"}], "id": 7},
+        False,
+    )
+    assert out == [7, 2, "j1", "e1", "j2", "e2", 2, "a", 1, "b", 2, 1, "x"]
+    with pytest.raises(TypeError, match="takes"):
+        script._args({"id": 7, "jobs": [], "info": {}}, False)  # one missing
+    with pytest.raises(TypeError, match="takes"):
+        script._args({"id": 7, "jobs": [], "info": {}, "tail": [], "extra": 1}, False)
+    with pytest.raises(TypeError, match="takes"):
+        script._args({"id": 7, "jobs": [("j1",)], "info": {}, "tail": []}, False)
+
+
+def test_every_script_declares_its_arguments_and_uses_no_positional_argv() -> None:
+    for script in scripts.ALL:
+        text = (SOURCES / f"{script.name}.lua").read_text()
+        assert any(line.startswith("-- ARGV: ") for line in text.partition("\n\n")[0].splitlines()), script.name
+        assert "ARGV[" not in text, script.name
+        used = set(re.findall(r"\bA\.([a-z_]+)", script.source))
+        assert used <= {a.name for a in script.args}, (script.name, used - {a.name for a in script.args})
+        keys_used = set(re.findall(r"\bK\.([a-z_]+)", script.source))
+        assert keys_used <= set(script.keys), (script.name, keys_used - set(script.keys))
+    for lib in (SOURCES / "lib").glob("*.lua"):
+        assert "ARGV[" not in lib.read_text(), lib.name

@@ -1,32 +1,32 @@
 -- announce-failed: Jobs RQ's own maintenance failed (their worker died, no retries left): their event and webhook,
--- once, and counted. ARGV: failure ttl, stamp, channel, a chunk's line tail (``lua.line_tail``), metrics
--- group, delivery template, then per job its id. Returns the ids told.
+-- once, and counted. ttl: a failed job's; died_tail: a chunk's line tail (``lua.line_tail``); ids: per job (in
+-- its keys' order) its id. Returns the ids told.
 --
 -- KEYS: hook_queue, queues
 -- KEYS per item: job, info, attempts, delivery, payload, record, results, batch_delivery, metrics, window, failures, waiting
+-- ARGV: ttl, stamp, channel, died_tail, @metrics, @delivery, ids[]
 -- uses: announce
 
-local ttl, stamp, channel, died_tail = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local m, after_metrics = read_metrics(5)
-local tpl, at = read_template(after_metrics)
+local ttl, stamp, channel = tonumber(A.ttl), A.stamp, A.channel
+local m, tpl = A.metrics, A.delivery
 local told, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, attempts, delivery, payload, record, results, batch_delivery, totals, window, failures, waiting =
     unpack(KEYS, k, k + STRIDE - 1)
-  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}
-  local id = ARGV[at + n]
+  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
-  local items = tonumber(redis.call('HGET', info, 'items')) or 0
-  if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, 'announced') == 0 then
-    local lines = chunk_lines(info, died_tail)
+  local id = A.ids[n]
+  local items = tonumber(redis.call('HGET', info, F.ITEMS)) or 0
+  if items > 0 and redis.call('HGET', job, 'status') == 'failed' and redis.call('HEXISTS', info, F.ANNOUNCED) == 0 then
+    local lines = chunk_lines(info, A.died_tail)
     batch_progress(record, results, lines, {[chunk_from(info)] = -items, failed = items}, waiting, stamp, channel,
                    hook)
     redis.call('DEL', payload)
   end
   if redis.call('HGET', job, 'status') == 'failed' then
     if announce({info = info, attempts = attempts, delivery = delivery,
-                 job_id = id, model = redis.call('HGET', info, 'model') or '', status = 'failed', ttl = ttl,
-                 stamp = stamp, channel = channel, tpl = tpl, hook_queue = KEYS[1], queues_set = KEYS[2]}) then
+                 job_id = id, model = redis.call('HGET', info, F.MODEL) or '', status = 'failed', ttl = ttl,
+                 stamp = stamp, channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}) then
       redis.call('EXPIRE', info, ttl)
       told[#told + 1] = id
       local weight = math.max(items, 1)

@@ -3,6 +3,7 @@
 --
 -- KEYS: (none fixed)
 -- KEYS per item: queue, intermediate
+-- ARGV: (none)
 
 for i = 1, #KEYS, 2 do
   local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')

@@ -1,23 +1,23 @@
 -- give-back: Started jobs that will not finish here (a forced stop) back at the front of their queue, as they
 -- were; one no longer started by this worker (canceled, taken over, gone) is left as it is.
--- ARGV: worker, then per job its id and execution id.
+-- jobs: per job (in its keys' order) its id and execution id.
 --
 -- KEYS: queue, started
 -- KEYS per item: job, execution, executions
+-- ARGV: worker, jobs[id, execution]
 
-local worker = ARGV[1]
 local back, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, exec, execs = unpack(KEYS, k, k + STRIDE - 1)
-  local id, exec_id = ARGV[2 + 2 * n], ARGV[3 + 2 * n]
   n = n + 1
-  redis.call('ZREM', KEYS[2], id .. ':' .. exec_id)
+  local id, exec_id = A.jobs[n].id, A.jobs[n].execution
+  redis.call('ZREM', K.started, id .. ':' .. exec_id)
   redis.call('DEL', exec)
   redis.call('ZREM', execs, exec_id)
-  if redis.call('HGET', job, 'status') == 'started' and redis.call('HGET', job, 'worker_name') == worker then
+  if redis.call('HGET', job, 'status') == 'started' and redis.call('HGET', job, 'worker_name') == A.worker then
     redis.call('HSET', job, 'status', 'queued')
     back[#back + 1] = id
   end
 end
-for i = #back, 1, -1 do redis.call('LPUSH', KEYS[1], back[i]) end
+for i = #back, 1, -1 do redis.call('LPUSH', K.queue, back[i]) end
 return back

@@ -1,15 +1,16 @@
--- pop: Up to ARGV[1] more job IDs into the intermediate list, where RQ's maintenance finds them if the
--- worker dies before the batch starts; it stops before an id starting with ARGV[2] (a bulk chunk,
--- a batch of its own). LMOVE needs Redis >= 6.2.
+-- pop: Up to `want` more job IDs into the intermediate list, where RQ's maintenance finds them if the
+-- worker dies before the batch starts; it stops before an id starting with `stop` (a bulk chunk,
+-- a batch of its own; '' for none). LMOVE needs Redis >= 6.2.
 --
 -- KEYS: queue, intermediate
+-- ARGV: want, stop
 
-local want, stop = tonumber(ARGV[1]), ARGV[2]
+local want, stop = tonumber(A.want), A.stop
 local out = {}
 while #out < want do
-  local id = redis.call('LINDEX', KEYS[1], 0)
+  local id = redis.call('LINDEX', K.queue, 0)
   if not id or (stop ~= '' and string.sub(id, 1, #stop) == stop) then break end
-  redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  redis.call('LMOVE', K.queue, K.intermediate, 'LEFT', 'RIGHT')
   out[#out + 1] = id
 end
 return out

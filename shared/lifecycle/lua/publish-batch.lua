@@ -1,23 +1,22 @@
 -- publish-batch: Every chunk is queued: the batch becomes visible, its Idempotency-Key names it for the key's whole TTL, and
 -- a batch whose items all ended meanwhile ends here (its event and webhook, once). 'ok' or 'missing'.
--- KEYS: record, results, idempotency key (the record again when none, untouched), the batch's webhook
--- delivery, the webhook queue, the queues set. ARGV: has idempotency, its value, its ttl, stamp, channel,
--- delivery template.
+-- idempotency: the key (the record again when none, untouched); has_idempotency "1" or "0", and the value the
+-- key keeps (idempotency_value, for idempotency_ttl). delivery: the batch's webhook delivery.
 --
 -- KEYS: record, results, idempotency, delivery, hook_queue, queues
+-- ARGV: has_idempotency, idempotency_value, idempotency_ttl, stamp, channel, @delivery
 -- uses: announce
 
-local tpl = read_template(6)
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
-if ARGV[1] == '1' then
-  local held = redis.call('GET', KEYS[3])
-  if held == ARGV[2] then
-    redis.call('EXPIRE', KEYS[3], ARGV[3])
+if redis.call('EXISTS', K.record) == 0 then return 'missing' end
+if A.has_idempotency == '1' then
+  local held = redis.call('GET', K.idempotency)
+  if held == A.idempotency_value then
+    redis.call('EXPIRE', K.idempotency, A.idempotency_ttl)
   elseif not held then
-    redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
+    redis.call('SET', K.idempotency, A.idempotency_value, 'EX', A.idempotency_ttl)
   end
 end
-redis.call('HDEL', KEYS[1], 'pending')
-local hook = {delivery = KEYS[4], tpl = tpl, hook_queue = KEYS[5], queues_set = KEYS[6]}
-batch_end_if_done(KEYS[1], KEYS[2], ARGV[4], ARGV[5], hook)
+redis.call('HDEL', K.record, 'pending')
+local hook = {delivery = K.delivery, tpl = A.delivery, hook_queue = K.hook_queue, queues_set = K.queues}
+batch_end_if_done(K.record, K.results, A.stamp, A.channel, hook)
 return 'ok'

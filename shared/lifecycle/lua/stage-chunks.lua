@@ -1,37 +1,29 @@
 -- stage-chunks: A slice of an upload, staged: each chunk's info hash and RQ job hash, the chunk ids in the batch's chunks
 -- list, and the result lines of refused input lines (the chunks' inputs are plain SETs beside it: a script
 -- copies every argument into Lua, about 1 ms for 700 kB). Nothing is queued and no record names them yet:
--- every key expires with ARGV[1] unless the upload goes on to be queued.
--- KEYS: chunks list, results list; per chunk: job, info.
--- ARGV: ttl, refused line count, the refused lines, then per chunk: id, info field count, info pairs, job field
--- count, job pairs.
+-- every key expires with `ttl` unless the upload goes on to be queued. chunks: per chunk (in its keys' order) its
+-- id and its two hashes' fields.
 --
 -- KEYS: chunks, results
 -- KEYS per item: job, info
+-- ARGV: ttl, refused[], chunks[id, info<>, job<>]
 
-local ttl = ARGV[1]
-local refused = tonumber(ARGV[2])
-for i = 3, 2 + refused do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-if refused > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
-local at = 3 + refused
-local function pairs_at(i)
-  local n = tonumber(ARGV[i])
-  return {unpack(ARGV, i + 1, i + 2 * n)}, i + 1 + 2 * n
-end
-local ids = {}
+local ttl = A.ttl
+for _, line in ipairs(A.refused) do redis.call('RPUSH', K.results, line) end
+if #A.refused > 0 then redis.call('EXPIRE', K.results, ttl) end
+local ids, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info = KEYS[k], KEYS[k + 1]
-  ids[#ids + 1] = ARGV[at]
-  local fields
-  fields, at = pairs_at(at + 1)
-  redis.call('HSET', info, unpack(fields))
+  n = n + 1
+  local chunk = A.chunks[n]
+  ids[n] = chunk.id
+  redis.call('HSET', info, unpack(chunk.info))
   redis.call('EXPIRE', info, ttl)
-  fields, at = pairs_at(at)
-  redis.call('HSET', job, unpack(fields))
+  redis.call('HSET', job, unpack(chunk.job))
   redis.call('EXPIRE', job, ttl)
 end
-if #ids > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(ids))
-  redis.call('EXPIRE', KEYS[1], ttl)
+if n > 0 then
+  redis.call('RPUSH', K.chunks, unpack(ids))
+  redis.call('EXPIRE', K.chunks, ttl)
 end
-return #ids
+return n

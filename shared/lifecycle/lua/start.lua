@@ -3,57 +3,57 @@
 -- flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
 -- started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
 -- and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
--- ARGV: score, execution ttl, job ttl, worker, stamp, timestamp, channel, model, now, an expired chunk's
--- line tail (``lua.line_tail``), metrics group, delivery template, then per job its id and a new execution id.
+-- score: the started registry's; stamp, timestamp: now as RQ writes it and in epoch seconds (an execution's);
+-- now: epoch seconds; expired_tail: an expired chunk's line tail (``lua.line_tail``); jobs: per job (in its
+-- keys' order) its id and its new execution's id.
 --
 -- waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
 -- record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
 --
 -- KEYS: intermediate, started, hook_queue, queues, metrics, window, failures, waiting
 -- KEYS per item: job, info, payload, execution, executions, attempts, delivery, record, results, batch_delivery
+-- ARGV: score, execution_ttl, job_ttl, worker, stamp, timestamp, channel, model, now, expired_tail, @metrics, @delivery, jobs[id, execution]
 -- uses: announce, call_many
 
-local score, ttl, job_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local worker, stamp, ts, channel, model, now_s = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local expired_tail = ARGV[10]
-local m, after_metrics = read_metrics(11)
-local tpl, at = read_template(after_metrics)
+local score, ttl, job_ttl = tonumber(A.score), tonumber(A.execution_ttl), tonumber(A.job_ttl)
+local worker, stamp, ts, channel, model, now_s = A.worker, A.stamp, A.timestamp, A.channel, A.model, tonumber(A.now)
+local m, tpl = A.metrics, A.delivery
 local acc = {}
 local out, started, registry = {}, {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
     unpack(KEYS, k, k + STRIDE - 1)
-  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
-  local id, exec_id = ARGV[at + 2 * n], ARGV[at + 2 * n + 1]
+  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
-  redis.call('LREM', KEYS[1], 1, id)
+  local id, exec_id = A.jobs[n].id, A.jobs[n].execution
+  redis.call('LREM', K.intermediate, 1, id)
   -- One read of each hash: origin, status and the fields the worker needs; the info flags.
   local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
-  local flags = redis.call('HMGET', info, 'items', 'canceled', 'deadline', 'batch_size')
+  local flags = redis.call('HMGET', info, F.ITEMS, F.CANCELED, F.DEADLINE, F.BATCH_SIZE)
   local items = tonumber(flags[1]) or 0
   if not j[1] then
     local state = 'vanished'
-    if items > 0 and redis.call('HSETNX', info, 'announced', '1') == 1 then
-      local lines = chunk_lines(info, expired_tail)
+    if items > 0 and redis.call('HSETNX', info, F.ANNOUNCED, '1') == 1 then
+      local lines = chunk_lines(info, A.expired_tail)
       local moved = {[chunk_from(info)] = -items, failed = items}
-      batch_progress(record, results, lines, moved, KEYS[8], stamp, channel, hook)
+      batch_progress(record, results, lines, moved, K.waiting, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
       metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
-      note_reason(KEYS[7], m, 'Expired', 'expired: still queued when the batch window ended')
+      note_reason(K.failures, m, 'Expired', 'expired: still queued when the batch window ended')
     end
     -- Read before the chunk's lines were written: that wrote only `announced`.
     local deadline = tonumber(flags[3] or '')
     if deadline and deadline <= now_s and not flags[4] and not flags[2] then
       local d = {info = info, attempts = attempts, delivery = delivery,
                  job_id = id, model = model, status = 'expired', ttl = redis.call('TTL', info), stamp = stamp,
-                 channel = channel, tpl = tpl, hook_queue = KEYS[3], queues_set = KEYS[4]}
+                 channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
       if d.ttl < 1 then d.ttl = tpl.ttl end
       if announce(d) then
         state = 'expired'
         metrics_add(acc, {['ended:expired'] = 1, ['failed:Expired'] = 1})
-        note_reason(KEYS[7], m, 'Expired', 'expired: still queued when its deadline passed; it never ran')
+        note_reason(K.failures, m, 'Expired', 'expired: still queued when its deadline passed; it never ran')
       end
     end
     out[n] = {id, state}
@@ -70,8 +70,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
-    if items > 0 and redis.call('HSETNX', info, 'counted', '1') == 1 then
-      waiting_add(KEYS[8], -items)
+    if items > 0 and redis.call('HSETNX', info, F.COUNTED, '1') == 1 then
+      waiting_add(K.waiting, -items)
       if redis.call('EXISTS', record) == 1 then  -- one that expired is not re-created without a TTL
         redis.call('HINCRBY', record, 'queued', -items)
         redis.call('HINCRBY', record, 'running', items)
@@ -83,9 +83,9 @@ for k = FIXED + 1, #KEYS, STRIDE do
     started[#started + 1] = id
   end
 end
-call_many('ZADD', KEYS[2], registry)  -- RQ's started registry: one call for the batch
+call_many('ZADD', K.started, registry)  -- RQ's started registry: one call for the batch
 for _, id in ipairs(started) do
   redis.call('PUBLISH', channel, cjson.encode({id = id, model = model, status = 'started', batch_size = #started}))
 end
-metrics_flush(acc, m, KEYS[5], KEYS[6])
+metrics_flush(acc, m, K.metrics, K.window)
 return out

@@ -7,12 +7,6 @@
 -- A bulk batch's delivery is queued for this subject + the batch's id (layout.BATCH_SUBJECT): the sender reads
 -- from the delivery's id whether it delivers a job's end or a batch's.
 local BATCH_SUBJECT = 'batch-'
-local function read_template(at)
-  local ttl, prefix, n = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
-  local fields = {}
-  for i = at + 3, at + 2 + 2 * n do fields[#fields + 1] = ARGV[i] end
-  return {ttl = ttl, prefix = prefix, fields = fields}, at + 3 + 2 * n
-end
 local function queue_delivery(tpl, hook_queue, queues_set, delivery_key, job_id, stamp)
   local delivery_id = tpl.prefix .. job_id
   if redis.call('EXISTS', delivery_key) == 1 then return end
@@ -65,7 +59,7 @@ end
 -- rest of each line, encoded by the caller: nothing a client sent is decoded here (Redis's cjson refuses some
 -- escapes Python's json takes), so nothing it sent can fail a script after its first write.
 local function chunk_lines(info, tail)
-  local ids = redis.call('HGET', info, 'custom_ids')
+  local ids = redis.call('HGET', info, F.CUSTOM_IDS)
   local lines = {}
   if not ids then return lines end
   for id in string.gmatch(ids, '[^\n]+') do lines[#lines + 1] = '{"custom_id":' .. id .. tail end
@@ -73,15 +67,12 @@ local function chunk_lines(info, tail)
 end
 -- Where a chunk's items were counted: 'running' once a worker started it, else 'queued'.
 local function chunk_from(info)
-  if redis.call('HEXISTS', info, 'counted') == 1 then return 'running' end
+  if redis.call('HEXISTS', info, F.COUNTED) == 1 then return 'running' end
   return 'queued'
 end
--- Metrics (shared/metrics.py): ARGV's group of five, then increments summed over the run and added once
--- per field to a model's totals and its current window (each refreshed with its TTL), and its recent failures.
-local function read_metrics(at)
-  return {ttl = tonumber(ARGV[at]), window_ttl = tonumber(ARGV[at + 1]), keep = tonumber(ARGV[at + 2]),
-          failures_ttl = tonumber(ARGV[at + 3]), now = tonumber(ARGV[at + 4])}, at + 5
-end
+-- Metrics (shared/metrics.py): m is the scripts' @metrics argument {ttl, window_ttl, keep, failures_ttl, now}.
+-- Increments are summed over the run and added once per field to a model's totals and its current window (each
+-- refreshed with its TTL), and its recent failures.
 local function metrics_add(acc, incs)
   for name, v in pairs(incs) do acc[name] = (acc[name] or 0) + v end
 end
@@ -99,11 +90,11 @@ local function metrics_flush(acc, m, totals, window)
 end
 local function note_failure(key, m, record)
   redis.call('LPUSH', key, record)
-  redis.call('LTRIM', key, 0, m.keep - 1)
+  redis.call('LTRIM', key, 0, tonumber(m.keep) - 1)
   redis.call('EXPIRE', key, m.failures_ttl)
 end
 local function note_reason(key, m, reason, text)
-  note_failure(key, m, cjson.encode({at = m.now, reason = reason, error = text}))
+  note_failure(key, m, cjson.encode({at = tonumber(m.now), reason = reason, error = text}))
 end
 -- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set, view}
 -- view: the job's view as JSON text (shared.jobs.ended_view), for a request waiting on it; spliced in as
@@ -112,8 +103,8 @@ end
 local function announce(d)
   local read = d.read
   if not read and redis.call('EXISTS', d.info) == 1 then
-    if redis.call('HSETNX', d.info, 'announced', '1') == 0 then return false end
-    read = {false, redis.call('HEXISTS', d.info, 'webhook') == 1}
+    if redis.call('HSETNX', d.info, F.ANNOUNCED, '1') == 0 then return false end
+    read = {false, redis.call('HEXISTS', d.info, F.WEBHOOK) == 1}
   end
   if read then
     if read[1] then return false end

@@ -1,0 +1,35 @@
+"""A script's named arguments as Lua reads them (real redis-server): every form a header declares arrives under its
+name, in order, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import redis as redis_py
+
+from inferq.shared.lifecycle.lua import Script, parse_args
+
+
+def test_lua_reads_every_declared_form_by_name(redis: redis_py.Redis) -> None:
+    declared = "id, blob, ids[], jobs[id, execution], info<>, @delivery, chunks[id, job<>], empty[]"
+    script = Script("echo", ("k",), "return cjson.encode(A)", args=parse_args(declared))
+    args = {
+        "id": "j-1",
+        "blob": b"\x00\xff\xfe raw",
+        "ids": ["a", "b", "c"],
+        "jobs": [("j1", "e1"), ("j2", "e2")],
+        "info": {"model": "m", "items": 3},
+        "delivery": {"ttl": 60, "prefix": "hook-", "fields": {"origin": "webhooks"}},
+        "chunks": [("c0", {"status": "queued"}), ("c1", {})],
+        "empty": [],
+    }
+    raw = script(redis, ["inferq:test:k"], args=args)
+    got = json.loads(raw.decode("utf-8", "replace"))
+    assert got["id"] == "j-1" and got["ids"] == ["a", "b", "c"]
+    assert got["jobs"] == [{"id": "j1", "execution": "e1"}, {"id": "j2", "execution": "e2"}]
+    assert got["info"] == ["model", "m", "items", "3"]  # HSET's form: field, value, ...
+    assert got["delivery"] == {"ttl": "60", "prefix": "hook-", "fields": ["origin", "webhooks"]}
+    assert got["chunks"][0] == {"id": "c0", "job": ["status", "queued"]}
+    assert got["chunks"][1]["id"] == "c1" and got["empty"] == got["chunks"][1]["job"] == {}  # cjson: {} for empty
+    blob = Script("blob", ("k",), "return A.blob", args=parse_args("blob"))
+    assert blob(redis, ["inferq:test:k"], args={"blob": args["blob"]}) == args["blob"]
