@@ -19,13 +19,21 @@ from inferq.shared.settings import Settings
 
 @dataclass
 class Shard:
-    """One Redis deployment's clients (INFERQ_REDIS_URL is the shard ``default``; INFERQ_REDIS_SHARDS names more)."""
+    """One Redis deployment's clients (INFERQ_REDIS_URL is the shard ``default``; INFERQ_REDIS_SHARDS names more).
+
+    The API's one rule for Redis: a route awaits ``aredis`` (auto-pipelined: concurrent requests share round trips,
+    and no thread waits on a socket) for everything a client's request does to a job or a batch: submit, read, wait,
+    events, cancel, a batch's view and its results. ``redis`` (with ``queues`` over it) is only ever used inside one
+    ``run_in_threadpool`` call that runs a whole piece of work on it: a bulk upload's writer and a batch's cancel
+    (long runs of dependent round trips between CPU work on the lines, shared with the CLI and tests), and the
+    operator's reads (the status page, /metrics, model status, readiness: ``census``, shared with the workers and
+    ``inferq status``). tests/unit/test_layout.py holds routes to it.
+    """
 
     name: str
     redis: Redis
     queues: QueueCache
     events: EventHub
-    # The submit and read paths: no thread per request (FastAPI runs sync code in its threadpool).
     aredis: AsyncRedis
 
 

@@ -365,3 +365,8 @@ def _last_line(text: str | None) -> str | None:
 def cancel_job(queues: QueueCache, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown."""
     submit.cancel(queues.connection, settings, job_id, owner)
+
+
+async def cancel_job_async(connection: AsyncRedis, settings: Settings, job_id: str, owner: str | None = None) -> None:
+    """``cancel_job`` on the API's ``redis.asyncio`` client."""
+    await submit.cancel_async(connection, settings, job_id, owner)

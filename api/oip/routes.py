@@ -61,7 +61,7 @@ async def live() -> dict[str, bool]:
 async def ready(state: State) -> dict[str, bool]:
     """Redis answers (503 otherwise)."""
     for shard in state.shards.values():
-        await run_in_threadpool(shard.redis.ping)
+        await shard.aredis.ping()
     return {"ready": True}
 
 

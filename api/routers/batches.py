@@ -83,7 +83,7 @@ async def submit_batch(
     fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0")
     idem_key = keys.idempotency_key(owner or "", f"batch\0{idempotency_key}") if idempotency_key else None
     shard = state.for_model(config)
-    held = cast(bytes | None, await run_in_threadpool(shard.redis.get, idem_key)) if idem_key else None
+    held = cast(bytes | None, await shard.aredis.get(idem_key)) if idem_key else None
     if held is not None:  # a replay: the body is only read for its fingerprint, nothing is written
         await read_upload(request, settings, None, fingerprint)
         return await _replayed(request, state, owner, held.decode(), fingerprint.hexdigest())
@@ -121,7 +121,7 @@ async def submit_batch(
         raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
     if verdict == "stale":
         raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
-    view = await run_in_threadpool(bulk.read_batch, shard.redis, batch_id, owner)
+    view = await bulk.read_batch_async(shard.aredis, batch_id, owner)
     if view is None:
         raise NotFound(f"the batch {batch_id} has expired")
     return _accepted(request, view, checker.refusals.count, checker.refusals.shown)
@@ -132,19 +132,19 @@ async def _replayed(request: Request, state: State, owner: str | None, held: str
     batch_id, _, held_fingerprint = held.partition(" ")
     if held_fingerprint != fingerprint:
         raise InvalidInput("this Idempotency-Key was used with a different request body")
-    connection = state.for_id(batch_id).redis
-    view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
+    connection = state.for_id(batch_id).aredis
+    view = await bulk.read_batch_async(connection, batch_id, owner)
     # A retry that overtook its first upload's last steps (its chunks being queued) waits for them, a while.
     waited_s = 0.0
-    while view is None and waited_s < PENDING_WAIT_S and await run_in_threadpool(bulk.is_pending, connection, batch_id):
+    while view is None and waited_s < PENDING_WAIT_S and await bulk.is_pending_async(connection, batch_id):
         await anyio.sleep(0.05)
         waited_s += 0.05
-        view = await run_in_threadpool(bulk.read_batch, connection, batch_id, owner)
+        view = await bulk.read_batch_async(connection, batch_id, owner)
     if view is None:
-        if await run_in_threadpool(bulk.is_pending, connection, batch_id):
+        if await bulk.is_pending_async(connection, batch_id):
             raise Conflict(f"the batch {batch_id} of this Idempotency-Key is still being queued; retry")
         raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
-    count, shown = await run_in_threadpool(bulk.read_refused, connection, batch_id)
+    count, shown = await bulk.read_refused_async(connection, batch_id)
     return _accepted(request, view, count, shown)
 
 
@@ -162,7 +162,7 @@ def _accepted(request: Request, view: dict[str, Any], refused_count: int, refuse
 @router.get("/v1/batches/{batch_id}", responses=ERRORS)
 async def get_batch(request: Request, batch_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """The batch's status, item counts, rate and estimated time left."""
-    view = await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner)
+    view = await bulk.read_batch_async(state.for_id(batch_id).aredis, batch_id, owner)
     if view is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
     return {**view, "urls": _urls(request, batch_id)}
@@ -187,15 +187,14 @@ async def batch_results(
     ] = 0,
 ) -> JSONLResponse:
     """One JSON line per ended item, in the order they ended: all of them once the batch has ended."""
-    if await run_in_threadpool(bulk.read_batch, state.for_id(batch_id).redis, batch_id, owner) is None:
+    connection = state.for_id(batch_id).aredis
+    if await bulk.read_batch_async(connection, batch_id, owner) is None:
         raise NotFound(f"no batch {batch_id!r} (unknown, or its results expired)")
-
-    connection = state.for_id(batch_id).redis
 
     async def lines() -> AsyncIterator[bytes]:
         start = offset
         while True:
-            page = await run_in_threadpool(bulk.result_lines, connection, batch_id, start, RESULTS_PAGE)
+            page = await bulk.result_lines_async(connection, batch_id, start, RESULTS_PAGE)
             for line in page:
                 if status is None or json.loads(line).get("status") == status:
                     yield line + b"\n"

@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, require_key
@@ -28,7 +27,7 @@ from inferq.shared.inputs import input_kind
 from inferq.shared.jobs import (
     TERMINAL,
     Submission,
-    cancel_job,
+    cancel_job_async,
     enqueue_job_async,
     get_job_view_async,
     isoformat,
@@ -182,7 +181,7 @@ async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dic
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)
 async def cancel(job_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel a queued or running job; a job that already ended answers 409."""
-    await run_in_threadpool(cancel_job, state.for_id(job_id).queues, state.settings, job_id, owner)
+    await cancel_job_async(state.for_id(job_id).aredis, state.settings, job_id, owner)
     return await _view(state, job_id, owner)
 
 

@@ -12,11 +12,13 @@ steps (``upload``); a cancel cancels a slice of chunks per call.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from rq.utils import current_timestamp, now, utcformat
 
 from inferq.shared import durability, keys
@@ -83,7 +85,19 @@ def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> di
     """The batch as a client sees it; None if unknown, expired, or another key's."""
     if not keys.JOB_ID_RE.match(batch_id):
         return None
-    raw = cast(dict[bytes, bytes], connection.hgetall(keys.batch_key(batch_id)))
+    return batch_view(batch_id, cast(dict[bytes, bytes], connection.hgetall(keys.batch_key(batch_id))), owner)
+
+
+async def read_batch_async(connection: AsyncRedis, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:
+    """``read_batch`` on the API's ``redis.asyncio`` client."""
+    if not keys.JOB_ID_RE.match(batch_id):
+        return None
+    raw = await cast(Awaitable[dict[bytes, bytes]], connection.hgetall(keys.batch_key(batch_id)))
+    return batch_view(batch_id, raw, owner)
+
+
+def batch_view(batch_id: str, raw: dict[bytes, bytes], owner: str | None) -> dict[str, Any] | None:
+    """The client's view of a batch record as read (None if it is empty, still pending, or another key's)."""
     record = {k.decode(): v.decode() for k, v in raw.items()}
     if not record or "pending" in record or (owner is not None and record.get("owner") != owner):
         return None  # a pending batch is still being queued: its upload has not been answered
@@ -126,6 +140,12 @@ def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> di
 def result_lines(connection: Redis, batch_id: str, start: int, count: int) -> list[bytes]:
     """Up to ``count`` result lines from position ``start``, in the order items ended."""
     return cast(list[bytes], connection.lrange(keys.batch_results_key(batch_id), start, start + count - 1))
+
+
+async def result_lines_async(connection: AsyncRedis, batch_id: str, start: int, count: int) -> list[bytes]:
+    """``result_lines`` on the API's ``redis.asyncio`` client."""
+    reply = connection.lrange(keys.batch_results_key(batch_id), start, start + count - 1)
+    return await cast(Awaitable[list[bytes]], reply)
 
 
 def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: str | None = None) -> str:
@@ -185,15 +205,16 @@ def _cancel_slices(
     return "ok"
 
 
-def read_refused(connection: Redis, batch_id: str) -> tuple[int, list[Any]]:
+async def read_refused_async(connection: AsyncRedis, batch_id: str) -> tuple[int, list[Any]]:
     """How many lines the batch's upload refused, and those its answer listed: a replay answers the same."""
-    count, shown = cast(list[bytes | None], connection.hmget(keys.batch_key(batch_id), ["refused_count", "refused"]))
+    reply = connection.hmget(keys.batch_key(batch_id), ["refused_count", "refused"])
+    count, shown = await cast(Awaitable[list[bytes | None]], reply)
     return int(count or 0), json.loads(shown) if shown else []
 
 
-def is_pending(connection: Redis, batch_id: str) -> bool:
+async def is_pending_async(connection: AsyncRedis, batch_id: str) -> bool:
     """Whether the batch exists but is still being queued (its upload not yet answered)."""
-    return bool(connection.hexists(keys.batch_key(batch_id), "pending"))
+    return bool(await cast(Awaitable[int], connection.hexists(keys.batch_key(batch_id), "pending")))
 
 
 def _text(value: bytes | str) -> str:

@@ -242,11 +242,17 @@ class Script:
         return client.eval(self.body, len(flat), *flat, *self._args(args, defer))
 
     async def call_async(
-        self, client: Any, fixed: Sequence[str], items: Items = (), args: Mapping[str, Any] | None = None
+        self,
+        client: Any,
+        fixed: Sequence[str],
+        items: Items = (),
+        args: Mapping[str, Any] | None = None,
+        *,
+        defer: bool = False,
     ) -> Any:
         """The same call on a ``redis.asyncio`` client, by the script's hash while the server holds it."""
         flat = self._keys(fixed, items)
-        argv = self._args(args, False)
+        argv = self._args(args, defer)
         try:
             return await client.evalsha(self.sha, len(flat), *flat, *argv)
         except NoScriptError:  # a restarted or flushed server: EVAL caches it again

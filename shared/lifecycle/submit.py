@@ -173,45 +173,74 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) ->
     return other_id
 
 
+def _cancel_call(settings: Settings, job_id: str, owner: str | None, origin: bytes) -> tuple[list[str], dict[str, Any]]:
+    """CANCEL's keys and arguments for a job whose hash names ``origin`` as its queue."""
+    qk = layout.queue_keys(origin.decode())
+    hk = layout.hooks()
+    job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
+    job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
+    job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
+    job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
+    args = {
+        "id": job_id,
+        "owner": owner or "",
+        "origin": qk.name,
+        "ttl": settings.canceled_ttl_s,
+        "now": current_timestamp(),
+        "stamp": utcformat(now()),
+        "channel": keys.EVENTS_CHANNEL,
+        "metrics": calls.metrics_args(),
+        "delivery": calls.delivery_args(settings),
+    }
+    return job_keys, args
+
+
+def _cancel_verdict(job_id: str, reply: Any) -> bool:
+    """True once canceled; False to read the job's queue again (it moved); raises NotFound or Conflict."""
+    verdict = calls.text(reply[0])
+    if verdict == "ok":
+        return True
+    if verdict == "missing":
+        raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
+    if verdict == "conflict":
+        ended = calls.text(reply[1])
+        raise Conflict(f"job {job_id} is already {calls.TERMINAL_RQ.get(ended, ended)}")
+    return False
+
+
+_CANCEL_TRIES = 5
+
+
 def cancel(connection: Redis, settings: Settings, job_id: str, owner: str | None = None) -> None:
     """Cancel a queued or started job; Conflict if it already ended, NotFound if unknown (or another's)."""
     if not keys.is_client_job(job_id):
         raise NotFound(f"no job {job_id!r}")
-    hk = layout.hooks()
-    for _ in range(5):
+    for _ in range(_CANCEL_TRIES):
         origin = cast(bytes | None, connection.hget(layout.job_key(job_id), "origin"))
         if origin is None:
             raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-        qk = layout.queue_keys(origin.decode())
-        job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
-        job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
-        job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
-        job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
-        reply, events = told(
-            scripts.CANCEL(
-                connection,
-                job_keys,
-                args={
-                    "id": job_id,
-                    "owner": owner or "",
-                    "origin": qk.name,
-                    "ttl": settings.canceled_ttl_s,
-                    "now": current_timestamp(),
-                    "stamp": utcformat(now()),
-                    "channel": keys.EVENTS_CHANNEL,
-                    "metrics": calls.metrics_args(),
-                    "delivery": calls.delivery_args(settings),
-                },
-                defer=durability.defers(settings),
-            )
-        )
-        verdict = calls.text(reply[0])
-        if verdict == "ok":
+        job_keys, args = _cancel_call(settings, job_id, owner, origin)
+        reply, events = told(scripts.CANCEL(connection, job_keys, args=args, defer=durability.defers(settings)))
+        if _cancel_verdict(job_id, reply):
             durability.release(connection, settings, events)  # a cancel's 200 only once a replica has it
             return
-        if verdict == "missing":
+    raise Conflict(f"job {job_id} kept moving between queues; retry the cancel")
+
+
+async def cancel_async(connection: AsyncRedis, settings: Settings, job_id: str, owner: str | None = None) -> None:
+    """``cancel`` on the API's ``redis.asyncio`` client (its auto-pipeline confirms the writes, INFERQ_DURABILITY,
+    before the script's reply comes back; the events it deferred are published after)."""
+    if not keys.is_client_job(job_id):
+        raise NotFound(f"no job {job_id!r}")
+    for _ in range(_CANCEL_TRIES):
+        origin = await cast(Awaitable[bytes | None], connection.hget(layout.job_key(job_id), "origin"))
+        if origin is None:
             raise NotFound(f"no job {job_id!r} (unknown, or its result expired)")
-        if verdict == "conflict":
-            ended = calls.text(reply[1])
-            raise Conflict(f"job {job_id} is already {calls.TERMINAL_RQ.get(ended, ended)}")
+        job_keys, args = _cancel_call(settings, job_id, owner, origin)
+        defer = durability.defers(settings)
+        reply, events = told(await scripts.CANCEL.call_async(connection, job_keys, args=args, defer=defer))
+        if _cancel_verdict(job_id, reply):
+            for event in events:
+                await connection.publish(keys.EVENTS_CHANNEL, event)
+            return
     raise Conflict(f"job {job_id} kept moving between queues; retry the cancel")

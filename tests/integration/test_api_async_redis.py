@@ -4,6 +4,7 @@ submit and read write and show exactly what the sync ones do (real redis-server,
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,17 @@ from redis.asyncio import Redis as AsyncRedis
 
 from inferq.api.autopipeline import AutoPipelinedRedis
 from inferq.shared import keys
-from inferq.shared.jobs import QueueCache, Submission, enqueue_job, enqueue_job_async, get_job_view, get_job_view_async
+from inferq.shared.errors import Conflict, NotFound
+from inferq.shared.jobs import (
+    QueueCache,
+    Submission,
+    cancel_job,
+    cancel_job_async,
+    enqueue_job,
+    enqueue_job_async,
+    get_job_view,
+    get_job_view_async,
+)
 from inferq.shared.lifecycle import layout, scripts
 from inferq.shared.settings import Settings
 from tests.support.models import ROOT
@@ -113,3 +124,39 @@ def test_the_api_connections_pack_commands_byte_for_byte_as_redis_py_does(redis_
     command = ("EVALSHA", scripts.ENQUEUE.sha, 2, "k1", "k2", b"\x00\xff bytes", 42, "text é", "")
     assert type(fast) is not type(plain)
     assert b"".join(fast.pack_command(*command)) == b"".join(plain.pack_command(*command))
+
+
+def test_the_async_cancel_does_what_the_sync_one_does(redis: redis_py.Redis, redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url)
+    submission = Submission("digits", DIGIT, "image/png", webhook="https://example.com/h", owner="o1")
+    sync_job = enqueue_job(QueueCache(redis), settings, submission)
+    async_job = enqueue_job(QueueCache(redis), settings, submission)
+    cancel_job(QueueCache(redis), settings, sync_job.id, "o1")
+    pubsub = redis.pubsub()
+    pubsub.subscribe(keys.EVENTS_CHANNEL)
+    pubsub.get_message(timeout=1)
+
+    async def run() -> list[str]:
+        client = AutoPipelinedRedis.from_url(redis_url)
+        refusals = []
+        try:
+            for job_id, owner in ((async_job.id, "someone else"), ("j-unknown", "o1")):
+                with pytest.raises(NotFound):
+                    await cancel_job_async(client, settings, job_id, owner)
+            await cancel_job_async(client, settings, async_job.id, "o1")
+            with pytest.raises(Conflict) as again:
+                await cancel_job_async(client, settings, async_job.id, "o1")
+            refusals.append(str(again.value))
+        finally:
+            await client.aclose()
+        return refusals
+
+    assert asyncio.run(run()) == [f"job {async_job.id} is already canceled"]
+    sync_view, async_view = get_job_view(redis, sync_job.id, "o1"), get_job_view(redis, async_job.id, "o1")
+    assert sync_view["status"] == async_view["status"] == "canceled"
+    assert redis.llen(layout.queue_keys(keys.queue_name("digits")).queue) == 0
+    told = pubsub.get_message(timeout=2)
+    assert told is not None and json.loads(told["data"])["id"] == async_job.id  # its event, once
+    assert json.loads(told["data"])["status"] == "canceled"
+    assert redis.exists(layout.delivery_key(async_job.id)) == redis.exists(layout.delivery_key(sync_job.id)) == 1
+    pubsub.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from redis.asyncio import Redis as AsyncRedis
 
 from inferq.api import bulk_upload
 from inferq.api.routers import batches
@@ -70,8 +71,21 @@ def test_an_upload_abandoned_while_staged_queues_nothing_and_expires(redis: redi
     assert {redis.ttl(k) <= upload.STAGE_TTL_S for k in redis.scan_iter("*")} == {True}
 
 
+def _pending(redis_url: str, batch_id: str) -> bool:
+    """bulk.is_pending_async, as the API asks it."""
+
+    async def ask() -> bool:
+        client = AsyncRedis.from_url(redis_url)
+        try:
+            return await bulk.is_pending_async(client, batch_id)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(ask())
+
+
 def test_an_upload_whose_api_died_mid_push_stays_hidden_and_every_chunk_it_queued_ends(
-    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    redis: redis_py.Redis, redis_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = bulk_scripts.PUSH_CHUNKS
     pushes: list[int] = []
@@ -91,7 +105,7 @@ def test_an_upload_whose_api_died_mid_push_stays_hidden_and_every_chunk_it_queue
     with pytest.raises(ConnectionError):
         bulk.enqueue_batch(redis, settings, new)
     assert redis.llen(BULK_QUEUE) == upload.PUSH_SLICE_CHUNKS  # the first push only
-    assert bulk.read_batch(redis, new.id) is None and bulk.is_pending(redis, new.id)
+    assert bulk.read_batch(redis, new.id) is None and _pending(redis_url, new.id)
     assert bulk.cancel_batch(redis, settings, new.id) == "missing"
     assert 0 < redis.ttl(key) <= upload.PENDING_IDEMPOTENCY_TTL_S  # a retry makes a new batch once it lapses
     echo_worker(redis, settings).work(burst=True)

@@ -246,3 +246,60 @@ def test_the_checks_see_violations(tmp_path: Path) -> None:
     reads = sorted(hit.split(": ", 1)[1] for hit in _env_reads(module))
     assert reads == ["_os.environ", "from os import getenv"]
     assert _violations([module], {"pickle"}) == ["mod.py:5: imports pickle"]
+
+
+# What may hold the API's synchronous client in a route without using it there: its methods run in the threadpool
+# (a bulk upload's writer) or on a thread of its own (the request counts' flusher).
+_KEEPS_THE_SYNC_CLIENT = {"BatchWriter", "Flusher"}
+
+
+def _sync_client_on_the_loop(path: Path) -> list[str]:
+    """Uses of a shard's synchronous client (``.redis``, ``.queues``) in an async function of ``path`` that are not
+    handed whole to ``run_in_threadpool`` (api/deps.py's ``Shard`` states the rule)."""
+    found = []
+    for func in ast.walk(_tree(path)):
+        if not isinstance(func, ast.AsyncFunctionDef):
+            continue
+        handed: set[int] = set()
+        stack: list[ast.AST] = list(func.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.FunctionDef | ast.Lambda | ast.AsyncFunctionDef):
+                continue  # a nested function: a sync one runs where it is handed, an async one is checked itself
+            if isinstance(node, ast.Call):
+                func_of = node.func
+                name = func_of.id if isinstance(func_of, ast.Name) else getattr(func_of, "attr", None)
+                if name == "run_in_threadpool" or name in _KEEPS_THE_SYNC_CLIENT:
+                    handed |= {id(n) for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)}
+                if isinstance(node.func, ast.Attribute) and node.func.attr == "close":  # closing waits on no server
+                    handed |= {id(n) for n in ast.walk(node.func.value)}
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in {"redis", "queues"}
+                and not (isinstance(node.value, ast.Name) and node.value.id == "config")  # a model's shard name
+                and id(node) not in handed
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} in async {func.name}")
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_routes_use_the_sync_redis_client_only_inside_the_threadpool() -> None:
+    found = [v for path in sorted((ROOT / "api").rglob("*.py")) for v in _sync_client_on_the_loop(path)]
+    assert found == []
+
+
+def test_the_sync_client_check_sees_a_use_on_the_loop(tmp_path: Path) -> None:
+    bad = tmp_path / "route.py"
+    bad.write_text(
+        "async def route(state):\n"
+        "    await run_in_threadpool(census.read, state.redis)\n"
+        "    state.redis.get('k')\n"
+        "    writer = BatchWriter(state.redis)\n"
+    )
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert _sync_client_on_the_loop(bad) == ["route.py:3: state.redis in async route"]
+    finally:
+        ROOT = saved
