@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from inferq.api.events import EventHub
+from inferq.api.versions import VersionRouter
 from inferq.shared import shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
-from inferq.shared.models import ModelConfig
+from inferq.shared.models import ModelConfig, ModelRepository
 from inferq.shared.settings import Settings
 
 
@@ -42,8 +43,12 @@ class AppState:
     """Everything a request needs, built once in the app's lifespan."""
 
     settings: Settings
-    models: dict[str, ModelConfig]
+    models: ModelRepository  # by served name: each version of each model
     shards: dict[str, Shard]
+    versions: VersionRouter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.versions = VersionRouter(self.models)
 
     @property
     def home(self) -> Shard:
@@ -57,6 +62,11 @@ class AppState:
     def for_model(self, config: ModelConfig) -> Shard:
         """The shard that carries ``config``'s queues and jobs."""
         return self.shards[config.redis or shards.DEFAULT]
+
+    def for_model_name(self, model: str) -> Shard:
+        """The shard of a model's versions (they share one: ``load_model_configs`` holds them to it)."""
+        versions = self.versions.versions(model)
+        return self.for_model(next(iter(versions.values()))) if versions else self.home
 
     def for_id(self, job_id: str) -> Shard:
         """The shard a job or batch ID leads back to (shared/shards.py: no lookup)."""
@@ -84,13 +94,30 @@ State = Annotated[AppState, Depends(get_state)]
 
 
 async def get_model(model: str, state: State) -> ModelConfig:
-    config = state.models.get(model)
-    invalid = getattr(state.models, "invalid", {})
-    if config is None and model in invalid:
+    """The model's highest version: what a route about the model as a whole shows (its versions are listed apart)."""
+    versions = state.versions.versions(model)
+    if versions:
+        return versions[max(versions)]
+    invalid = state.models.invalid
+    if model in invalid:
         raise NotFound(f"model {model!r} is not served: its config is invalid: {invalid[model]}")
-    if config is None:
-        raise NotFound(f"no model {model!r}; GET /v1/models lists them")
-    return config
+    raise NotFound(f"no model {model!r}; GET /v1/models lists them")
 
 
 Model = Annotated[ModelConfig, Depends(get_model)]
+
+VERSION_DOC = "the model's version to run on (default: as the model's traffic shares route it)"
+
+
+async def route_model(
+    model: str,
+    request: Request,
+    state: State,
+    version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
+) -> ModelConfig:
+    """The config of the version a submit runs on: the one it pins (``?version=``), else as ``VersionRouter`` routes."""
+    await get_model(model, state)  # an unknown or invalid model's 404
+    return await state.versions.route(state.for_model_name(model).aredis, model, version)
+
+
+Routed = Annotated[ModelConfig, Depends(route_model)]

@@ -144,7 +144,7 @@ async def parse_submission(request: Request, config: ModelConfig, body: bytes, s
             payload = kind.from_bytes(config.input, body, header, config.name, settings)
         else:
             payload = await run_in_threadpool(kind.from_bytes, config.input, body, header, config.name, settings)
-        return Submission(config.name, payload.data, payload.content_type)
+        return Submission(config.served, payload.data, payload.content_type)
     raise UnsupportedMedia(f"model {config.name} takes {kind.takes}")
 
 
@@ -159,7 +159,7 @@ def _json_submission(config: ModelConfig, kind: InputKind[Any], body: bytes, set
     fields = _validated(bodies.json, data, "fields", missing, bodies)
     payload = kind.from_json(config.input, fields["inputs"], config.name, settings)
     return Submission(
-        config.name,
+        config.served,
         payload.data,
         payload.content_type,
         webhook=fields["webhook"],
@@ -190,7 +190,7 @@ async def _multipart_submission(
             kind.from_bytes, config.input, data, upload.content_type or "", config.name, settings
         )
         return Submission(
-            config.name,
+            config.served,
             payload.data,
             payload.content_type,
             webhook=fields["webhook"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -182,7 +183,7 @@ def _raise_open_files_limit() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from inferq.shared import connections, shards
+    from inferq.shared import connections, shards, versions
     from inferq.shared.lifecycle.claims import BLOCK_SLICE_S
     from inferq.shared.models import load_model_configs
     from inferq.shared.rqjson import check_rq_version, refuse_pickle
@@ -206,12 +207,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise AppError(f"unknown model(s) {unknown}; the repository has {sorted(configs)}")
     url = settings.redis_urls()[shards.of_models({n: configs[n].redis for n in names}, names)]
     runners = {}
+    # Each version's state as this worker loads it, for GET /v1/models (it takes jobs only once registered, after).
+    told = connections.connect(url, settings.redis_timeout_s)
     for name in names:
         config = configs[name]
         device = resolve_device(args.device or (settings.device if config.device == "auto" else config.device))
         max_batch = min(config.max_batch, args.max_batch or settings.max_batch or config.max_batch)
-        runners[name] = load_runner(config, device, max_batch, max_image_pixels=settings.max_image_pixels)
+        versions.tell(told, name, "loading")
+        try:
+            runners[name] = load_runner(
+                config,
+                device,
+                max_batch,
+                on_warm_up=functools.partial(versions.tell, told, name, "warming"),
+                max_image_pixels=settings.max_image_pixels,
+            )
+        except ConfigError as exc:
+            versions.tell(told, name, "failed", exc.message)
+            raise
+        versions.tell(told, name, "ready", weights=runners[name].weights_sha256)
         log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, runners[name].max_batch)
+    told.close()
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms
     worker = BatchWorker(
         runners,

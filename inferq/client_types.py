@@ -185,12 +185,14 @@ class Job:
     id: str
     model: str
     status: str
+    version: int = 1  # the model's version the job was routed to, and runs on
     created_at: datetime | None = None
     enqueued_at: datetime | None = None
     started_at: datetime | None = None
     ended_at: datetime | None = None
     batch_size: int | None = None
     worker: str | None = None
+    weights_sha256: str | None = None  # the weights that answered, once it ran
     timings_ms: dict[str, float] | None = None
     result: Any = None
     error: str | None = None
@@ -282,6 +284,7 @@ class Batch:
     id: str
     model: str
     status: str  # queued, running, finished or canceled
+    version: int = 1  # the model's version every item of the batch runs on
     priority: str = "bulk"
     counts: dict[str, int] = field(default_factory=dict)  # total, queued, running, finished, failed, canceled
     created_at: datetime | None = None
@@ -322,6 +325,9 @@ class BatchResult:
     status: str
     result: Any = None
     error: str | None = None
+    # The model's version that ran the item and its weights' SHA-256 (an item that never ran has neither).
+    version: int | None = None
+    weights_sha256: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchResult:
@@ -331,6 +337,8 @@ class BatchResult:
     def to_dict(self) -> dict[str, Any]:
         """The line as the API writes it: ``result`` on a finished item, ``error`` where there is one."""
         data: dict[str, Any] = {"custom_id": self.custom_id, "status": self.status}
+        if self.version is not None:
+            data |= {"version": self.version, "weights_sha256": self.weights_sha256}
         if self.status == "finished":
             data["result"] = self.result
         if self.error is not None:

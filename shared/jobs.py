@@ -247,9 +247,11 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise NotFound(f"job {job_id!r} cannot be read ({type(exc).__name__}); it may have expired") from None
     status = public_status(job.status)
+    model, version = keys.split_served(info.model or keys.model_from_queue(job.origin))
     view: dict[str, Any] = {
         "id": job_id,
-        "model": info.model or keys.model_from_queue(job.origin),
+        "model": model,
+        "version": version,
         "status": status,
         "created_at": isoformat(job.created_at),
         "enqueued_at": isoformat(job.enqueued_at),
@@ -257,6 +259,7 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
         "ended_at": isoformat(job.ended_at) if status in TERMINAL else None,
         "batch_size": info.batch_size,
         "worker": job.worker_name or None,
+        "weights_sha256": info.weights,
         "timings_ms": info.timings_ms,
         "result": None,
         "error": None,
@@ -302,6 +305,7 @@ def ended_view(
             "ended_at": isoformat(ended_at),
             "batch_size": info.batch_size,
             "worker": info.worker,
+            "weights_sha256": info.weights,
             "timings_ms": info.timings_ms,
             "result": orjson.Fragment(result_json) if result_json is not None and status == "finished" else None,
             "error": info.error if status == "failed" else None,
@@ -310,12 +314,15 @@ def ended_view(
     )
 
 
-def view_from_event(event: dict[str, Any], job_id: str, model: str, created_at: str | None) -> dict[str, Any] | None:
+def view_from_event(
+    event: dict[str, Any], job_id: str, model: str, version: int, created_at: str | None
+) -> dict[str, Any] | None:
     """The job's view from its end event, when the worker published one with it (``ended_view``)."""
     carried = event.get("view")
     if not isinstance(carried, dict) or event.get("id") != job_id:
         return None
-    return {"id": job_id, "model": model, "status": carried["status"], "created_at": created_at, **carried}
+    known = {"id": job_id, "model": model, "version": version, "status": carried["status"], "created_at": created_at}
+    return known | carried
 
 
 def _with_webhook(view: dict[str, Any], info: JobInfo, attempts: list[bytes]) -> dict[str, Any]:
@@ -333,9 +340,11 @@ def _expired_unrun(info: JobInfo) -> bool:
 def _expired_view(job_id: str, info: JobInfo) -> dict[str, Any]:
     assert info.deadline is not None  # _expired_unrun
     ended = datetime.fromtimestamp(info.deadline, UTC)
+    model, version = keys.split_served(info.model or "")
     return {
         "id": job_id,
-        "model": info.model or "",
+        "model": model,
+        "version": version,
         "status": "expired",
         "created_at": None,
         "enqueued_at": None,
@@ -343,6 +352,7 @@ def _expired_view(job_id: str, info: JobInfo) -> dict[str, Any]:
         "ended_at": isoformat(ended),
         "batch_size": None,
         "worker": None,
+        "weights_sha256": None,
         "timings_ms": None,
         "result": None,
         "error": "expired: still queued when its deadline passed; it never ran",

@@ -18,6 +18,18 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
+def served_name(model: str, version: int) -> str:
+    """What one version of a model is served as (shared/models.py): its queues, its workers' ``--model``, its
+    metrics' key and its jobs' ``model`` field: the model's name for version 1, ``<model>@<version>`` past it."""
+    return model if version == 1 else f"{model}@{version}"
+
+
+def split_served(served: str) -> tuple[str, int]:
+    """(model, version) of a served name."""
+    model, _, version = served.partition("@")
+    return model, int(version) if version.isdigit() else 1
+
+
 # Every model has two queues, its lanes: interactive work goes first, bulk work fills in.
 INTERACTIVE, BULK = "interactive", "bulk"
 LANES = (INTERACTIVE, BULK)
@@ -47,6 +59,15 @@ def payload_key(job_id: str) -> str:
 def info_key(job_id: str) -> str:
     """A hash of inferq's own per-job facts (model, webhook, batch size, timings)."""
     return f"{PREFIX}:job:{job_id}"
+
+
+def version_state_key(served: str) -> str:
+    """A model version's last state as its workers told it (shared/versions.py): loading, warming, ready or failed."""
+    return f"{PREFIX}:version:{served}"
+
+
+# How long a version's told state is kept: a failed load stays visible this long after the last try.
+VERSION_STATE_TTL_S = 86_400
 
 
 def webhook_attempts_key(job_id: str) -> str:

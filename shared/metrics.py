@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inferq.shared import keys
+
 # Seconds; the top buckets cover long queues and slow models on a busy cluster.
 TIME_BUCKETS_S = (
     0.001,
@@ -304,39 +306,42 @@ class ClusterCollector(Collector):
 
 
 def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
+    """Every model version's families, labelled by model and version (``models`` is by served name)."""
     depth = GaugeMetricFamily(
-        "inferq_queue_depth", "Jobs waiting in the model's queue, per lane.", labels=["model", "lane"]
+        "inferq_queue_depth", "Jobs waiting in the model's queue, per lane.", labels=["model", "version", "lane"]
     )
     age = GaugeMetricFamily(
         "inferq_queue_oldest_age_seconds",
         "Age of the oldest job waiting, per lane (0 when empty).",
-        labels=["model", "lane"],
+        labels=["model", "version", "lane"],
     )
     workers = GaugeMetricFamily(
-        "inferq_workers", "Live workers serving the model, by state.", labels=["model", "state"]
+        "inferq_workers", "Live workers serving the model, by state.", labels=["model", "version", "state"]
     )
-    ended = CounterMetricFamily("inferq_jobs_ended", "Jobs ended, by status.", labels=["model", "status"])
+    ended = CounterMetricFamily("inferq_jobs_ended", "Jobs ended, by status.", labels=["model", "version", "status"])
     failures = CounterMetricFamily(
-        "inferq_job_failures", "Failed or expired jobs, by reason class.", labels=["model", "reason"]
+        "inferq_job_failures", "Failed or expired jobs, by reason class.", labels=["model", "version", "reason"]
     )
     histograms = {
-        name: HistogramMetricFamily(metric, help_text, labels=["model"])
+        name: HistogramMetricFamily(metric, help_text, labels=["model", "version"])
         for name, metric, _, help_text in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM)
     }
-    for model, state in sorted(models.items()):
+    for served, state in sorted(models.items()):
+        model, number = keys.split_served(served)
+        version = str(number)
         for lane, waiting in state.depth.items():
-            depth.add_metric([model, lane], waiting)
-            age.add_metric([model, lane], state.oldest_age_s.get(lane, 0.0))
+            depth.add_metric([model, version, lane], waiting)
+            age.add_metric([model, version, lane], state.oldest_age_s.get(lane, 0.0))
         for worker_state, live in state.workers.items():
-            workers.add_metric([model, worker_state], live)
+            workers.add_metric([model, version, worker_state], live)
         by_status = counters(state.totals, ENDED)
         for status in STATUSES:
-            ended.add_metric([model, status], by_status.get(status, 0.0))
+            ended.add_metric([model, version, status], by_status.get(status, 0.0))
         for reason, value in sorted(counters(state.totals, FAILED).items()):
-            failures.add_metric([model, reason], value)
+            failures.add_metric([model, version, reason], value)
         for name, _, buckets, _ in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM):
             hist = histogram(state.totals, name, buckets)
-            histograms[name].add_metric([model], hist.prometheus_buckets(), hist.sum)
+            histograms[name].add_metric([model, version], hist.prometheus_buckets(), hist.sum)
     yield from (depth, age, workers, ended, failures, *histograms.values())
 
 

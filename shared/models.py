@@ -1,16 +1,24 @@
 """The model repository: one folder per model under ``models_dir``, each with a ``config.json``.
 
+A model may hold versions, as a Triton user would lay them out: numbered sub-folders (``1/``, ``2/``…), each with
+its own weights and, optionally, a ``config.json`` of fields that override the model's for that version. A folder
+without numbered sub-folders is version 1, its weights beside its config. Each version is served apart, under its
+*served name* (``served_name``): the model's name for version 1 (so every existing queue, metric and worker keeps
+its name), ``<model>@<version>`` for the others. The repository is keyed by served names.
+
 This module reads configs only; it never imports torch (the API uses it too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferq.shared.errors import ConfigError
 
@@ -21,18 +29,45 @@ from inferq.shared.inputs import JsonInput as JsonInput
 from inferq.shared.inputs import TensorInput as TensorInput
 from inferq.shared.inputs import TextInput as TextInput
 from inferq.shared.keys import MODEL_NAME_RE
+from inferq.shared.keys import served_name as served_name
+from inferq.shared.keys import split_served as split_served
 
 BUILTIN_HANDLERS = ("image_classifier", "image_embedding", "tensor", "text_classifier", "text_embedding")
 # How the weights are stored; a config without "format" keeps the original TorchScript loading.
 Format = Literal["export", "safetensors", "huggingface", "onnx", "torchscript"]
 
 
+# A version sub-folder's name: a positive number, as Triton names them.
+VERSION_RE = re.compile(r"^[1-9][0-9]{0,8}$")
+
+
+class Rollout(BaseModel):
+    """How submits that name no version are shared between a model's versions (the model's own config.json only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Percent of unpinned submits per version; versions not listed get none. Absent: the highest version that has a
+    # live worker takes them all (the next one down while it has none), as Triton's "latest" policy.
+    traffic: dict[int, float] | None = None
+
+    @field_validator("traffic")
+    @classmethod
+    def _shares(cls, traffic: dict[int, float] | None) -> dict[int, float] | None:
+        if traffic is None:
+            return None
+        if any(v < 1 for v in traffic) or any(s < 0 for s in traffic.values()) or sum(traffic.values()) <= 0:
+            raise ValueError("traffic maps versions (1, 2, ...) to shares >= 0, some share > 0")
+        return traffic
+
+
 class ModelConfig(BaseModel):
-    """One model's ``config.json``; ``name`` and ``path`` come from its folder."""
+    """One model version's config: its model's ``config.json`` with the version folder's over it; ``name``,
+    ``version`` and ``path`` (the folder its weights are in) come from the folders."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     name: str = ""
+    version: int = 1
     path: Path = Path()
+    rollout: Rollout | None = None
     description: str = ""
     # A built-in handler name, or "package.module:ClassName" for a user's own handler.
     handler: str = "image_classifier"
@@ -65,16 +100,39 @@ class ModelConfig(BaseModel):
     def weights_path(self) -> Path:
         return self.path / self.weights
 
+    @property
+    def served(self) -> str:
+        return served_name(self.name, self.version)
 
-def load_model_config(folder: Path) -> ModelConfig:
-    """Read and check one model folder's config."""
+
+def version_folders(folder: Path) -> dict[int, Path]:
+    """A model folder's version sub-folders by number; empty for a model without versions (its version 1 is the
+    folder itself)."""
+    return {int(sub.name): sub for sub in sorted(folder.iterdir()) if sub.is_dir() and VERSION_RE.match(sub.name)}
+
+
+def load_model_config(folder: Path, version: int | None = None) -> ModelConfig:
+    """Read and check one model folder's config: of its version ``version`` (a numbered sub-folder, its config.json
+    over the model's), or of the folder itself (version 1 of a model without versions)."""
     name = folder.name
     if not MODEL_NAME_RE.match(name):
         raise ConfigError(f"model folder name {name!r} must match {MODEL_NAME_RE.pattern}")
     config_file = folder / "config.json"
+    path = folder if version is None else folder / str(version)
     try:
         raw = json.loads(config_file.read_text())
-        config = ModelConfig.model_validate({**raw, "name": name, "path": folder})
+        if not isinstance(raw, dict):
+            raise ValueError("the config is not a JSON object")
+        raw.pop("version", None)
+        if version is not None and (path / "config.json").is_file():
+            config_file = path / "config.json"
+            override = json.loads(config_file.read_text())
+            if not isinstance(override, dict):
+                raise ValueError("the config is not a JSON object")
+            if "rollout" in override:
+                raise ValueError("rollout is the model's, in its own config.json, not a version's")
+            raw |= {k: v for k, v in override.items() if k != "version"}
+        config = ModelConfig.model_validate({**raw, "name": name, "version": version or 1, "path": path})
     except ValidationError as exc:
         raise ConfigError(f"{config_file}: {_one_line(exc)}") from None
     except (OSError, ValueError) as exc:
@@ -102,12 +160,36 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def weights_sha256(config: ModelConfig) -> str:
+    """The SHA-256 of a version's weights: the file's bytes; for a folder (Hugging Face's save_pretrained), every
+    file's path and bytes in path order. Read once per worker start, never on a request."""
+    digest = hashlib.sha256()
+    path = config.weights_path
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with file.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 class ModelRepository(dict[str, ModelConfig]):
-    """The models that loaded, by name; ``invalid`` maps each folder whose config did not to its error."""
+    """The model versions that loaded, by served name (``served_name``); ``invalid`` maps each folder (or version,
+    by served name) whose config did not to its error."""
 
     def __init__(self, configs: dict[str, ModelConfig], invalid: dict[str, str]) -> None:
         super().__init__(configs)
         self.invalid = invalid
+
+    def models(self) -> list[str]:
+        """The models' names, each once."""
+        return sorted({config.name for config in self.values()})
+
+    def versions(self, model: str) -> dict[int, ModelConfig]:
+        """A model's versions that loaded, by number (empty for an unknown model)."""
+        return {c.version: c for c in sorted(self.values(), key=lambda c: c.version) if c.name == model}
 
 
 def load_model_configs(models_dir: Path, redis_shards: Collection[str] = ()) -> ModelRepository:
@@ -123,15 +205,26 @@ def load_model_configs(models_dir: Path, redis_shards: Collection[str] = ()) -> 
     for folder in sorted(models_dir.iterdir()):
         if not (folder / "config.json").is_file():
             continue
-        try:
-            config = load_model_config(folder)
-        except ConfigError as exc:
-            invalid[folder.name] = exc.message
-            continue
-        if config.redis is not None and config.redis not in redis_shards:
-            known = ", ".join(sorted(redis_shards)) or "none"
-            where = folder / "config.json"
-            invalid[folder.name] = f"{where}: redis: {config.redis!r} is not in INFERQ_REDIS_SHARDS (it has: {known})"
-            continue
-        configs[folder.name] = config
+        numbered: list[int | None] = list(version_folders(folder))
+        for version in numbered or [None]:
+            served = served_name(folder.name, version or 1)
+            try:
+                config = load_model_config(folder, version)
+            except ConfigError as exc:
+                invalid[served] = exc.message
+                continue
+            if config.redis is not None and config.redis not in redis_shards:
+                known = ", ".join(sorted(redis_shards)) or "none"
+                where = folder / "config.json"
+                invalid[served] = f"{where}: redis: {config.redis!r} is not in INFERQ_REDIS_SHARDS (it has: {known})"
+                continue
+            configs[served] = config
+    for name in {c.name for c in configs.values()}:
+        placed = {c.redis for c in configs.values() if c.name == name}
+        if len(placed) > 1:  # a model's versions share its Redis: a job's ID leads to one place
+            for served in [s for s, c in configs.items() if c.name == name]:
+                invalid[served] = (
+                    f"{models_dir / name}: its versions must use one Redis (redis: {sorted(map(str, placed))})"
+                )
+                del configs[served]
     return ModelRepository(configs, invalid)

@@ -29,6 +29,7 @@ class JobAccepted(BaseModel):
     id: str
     status: Status
     model: str
+    version: int
     created_at: str | None
     enqueued_at: str | None
     urls: JobUrls
@@ -59,6 +60,8 @@ class JobView(BaseModel):
 
     id: str
     model: str
+    # The model's version the job was routed to at submit (and runs on, retries too); 1 for a model without versions.
+    version: int
     status: Status
     created_at: str | None
     enqueued_at: str | None = None
@@ -66,6 +69,8 @@ class JobView(BaseModel):
     ended_at: str | None
     batch_size: int | None
     worker: str | None
+    # The SHA-256 of the weights that answered (GET /v1/models names each version's): None until it ran.
+    weights_sha256: str | None = None
     timings_ms: dict[str, float] | None = None
     result: Any = None
     error: str | None

@@ -358,6 +358,8 @@ class BatchWorker(SimpleWorker):
             self._beats.end()
         for item in items:
             item.info[F.INFERENCE_MS] = f"{report.inference_ms:.3f}"
+            if runner.weights_sha256 is not None:
+                item.info[F.WEIGHTS] = runner.weights_sha256
         if report.padded_tokens:
             log.debug(
                 "model %s: batch of %d in %d forward(s), %d tokens, padding waste %.1f%%",
@@ -512,11 +514,11 @@ class BatchWorker(SimpleWorker):
         for item in items:
             item.job.ended_at = ended_at
             if item.custom_id is None:
-                outcomes.append(outcome_of(item, len(items), runner.config.name, self.name, self.settings))
+                outcomes.append(outcome_of(item, len(items), runner.config.served, self.name, self.settings))
             else:
                 chunks.setdefault(item.job.id, []).append(item)
         outcomes += [
-            chunk_outcome(chunk, len(items), runner.config.name, self.name, self.settings) for chunk in chunks.values()
+            chunk_outcome(chunk, len(items), runner.config, self.name, self.settings) for chunk in chunks.values()
         ]
         working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:

@@ -13,16 +13,21 @@ from inferq.shared.jobs import ended_view
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.lifecycle.finish import Outcome
 from inferq.shared.lifecycle.info import F, JobInfo, at_finish
+from inferq.shared.models import ModelConfig
 from inferq.shared.settings import Settings
 from inferq.workers.running import Item
 
 
-def chunk_outcome(items: list[Item], batch_size: int, model: str, worker_name: str, settings: Settings) -> Outcome:
-    """A bulk chunk ends finished, with one result line per item, ended or failed alone."""
+def chunk_outcome(
+    items: list[Item], batch_size: int, config: ModelConfig, worker_name: str, settings: Settings
+) -> Outcome:
+    """A bulk chunk ends finished, with one result line per item, ended or failed alone, each naming the version
+    that ran it."""
     job = items[0].job
+    model, weights = config.served, items[0].info.get(F.WEIGHTS)
     lines = []
     for item in items:
-        line: dict[str, Any] = {"custom_id": item.custom_id}
+        line: dict[str, Any] = {"custom_id": item.custom_id, "version": config.version, "weights_sha256": weights}
         if item.error is None:
             line |= {"status": "finished", "result": item.output}
         else:
@@ -30,7 +35,7 @@ def chunk_outcome(items: list[Item], batch_size: int, model: str, worker_name: s
         lines.append(json.dumps(line, separators=(",", ":")))
     failed = sum(item.error is not None for item in items)
     moved = {"running": -len(items), "finished": len(items) - failed, "failed": failed}
-    info = at_finish(batch_size, worker_name, items[0].info[F.INFERENCE_MS])
+    info = at_finish(batch_size, worker_name, items[0].info[F.INFERENCE_MS], weights=items[0].info.get(F.WEIGHTS))
     ttl = job.result_ttl if job.result_ttl is not None else settings.result_ttl_s
     summary = {"finished": len(items) - failed, "failed": failed}
     observed: metrics.Increments = {}
@@ -47,7 +52,7 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
     job = item.job
     # The fields the finish adds to the info hash: the rest are there already (the start read them).
     queue_ms = (job.started_at - job.enqueued_at).total_seconds() * 1000.0 if job.enqueued_at else None
-    info = at_finish(batch_size, worker_name, item.info[F.INFERENCE_MS], queue_ms, item.error)
+    info = at_finish(batch_size, worker_name, item.info[F.INFERENCE_MS], queue_ms, item.error, item.info.get(F.WEIGHTS))
     observed: metrics.Increments = {}
     observe(observed, item)
     if item.error is None:

@@ -10,6 +10,7 @@ import logging
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from inferq.shared.errors import AppError, ConfigError
 from inferq.shared.lifecycle.claims import Claimed
-from inferq.shared.models import ModelConfig
+from inferq.shared.models import ModelConfig, weights_sha256
 from inferq.workers.collation import CountMismatch, record_stream, signature
 from inferq.workers.handlers import Handler, load_handler
 
@@ -41,6 +42,7 @@ class ModelRunner:
     # runs out of memory, so it is not hit again.
     max_batch: int
     warned_shapes: bool = False
+    weights_sha256: str | None = None  # what a job's view names as the weights that answered it
 
 
 @dataclass
@@ -282,8 +284,15 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
             item.fail(f"could not encode the output: {readable(exc)}", exc)
 
 
-def load_runner(config: ModelConfig, device: torch.device, max_batch: int, **handler_options: Any) -> ModelRunner:
-    """Build the handler, load its weights and warm it up; any failure is one ConfigError naming the model."""
+def load_runner(
+    config: ModelConfig,
+    device: torch.device,
+    max_batch: int,
+    on_warm_up: Callable[[], None] | None = None,
+    **handler_options: Any,
+) -> ModelRunner:
+    """Build the handler, load its weights and warm it up (``on_warm_up`` is told first); any failure is one
+    ConfigError naming the model."""
     handler = load_handler(config, device, **handler_options)
     try:
         handler.load()
@@ -291,9 +300,15 @@ def load_runner(config: ModelConfig, device: torch.device, max_batch: int, **han
         raise
     except Exception as exc:  # a user's load() can fail in any way
         raise ConfigError(f"model {config.name!r}: loading {config.weights_path} failed: {readable(exc)}") from exc
-    runner = ModelRunner(config, handler, device, max(1, max_batch))
+    try:  # a user's handler may build its model without a weights file: it has no hash then
+        digest = weights_sha256(config) if config.weights_path.exists() else None
+    except OSError as exc:
+        raise ConfigError(f"model {config.name!r}: reading {config.weights_path} failed: {exc}") from exc
+    runner = ModelRunner(config, handler, device, max(1, max_batch), weights_sha256=digest)
     check_batch_axis(runner)
     if config.warmup or config.compile:
+        if on_warm_up is not None:
+            on_warm_up()
         warm_up(runner)
     return runner
 

@@ -28,7 +28,6 @@ from inferq.shared.errors import InvalidInput, UnsupportedMedia
 from inferq.shared.models import ModelConfig, TensorInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-VERSION = "1"
 # Little-endian numpy types of the numeric datatypes; BF16 is read by hand (numpy has no bfloat16).
 NUMERIC = {
     "BOOL": "?",
@@ -113,11 +112,11 @@ def output_specs(config: ModelConfig) -> list[OutputSpec]:
     return [*outputs, OutputSpec("result", "BYTES", [1], lambda result: [json.dumps(result)])]
 
 
-def metadata(config: ModelConfig) -> dict[str, Any]:
-    """The model metadata response."""
+def metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
+    """The model metadata response: ``config``'s inputs and outputs, and the model's versions."""
     return {
         "name": config.name,
-        "versions": [VERSION],
+        "versions": [str(v) for v in versions],
         "platform": f"inferq_{config.format}",
         "inputs": [input_spec(config).public()],
         "outputs": [output.public() for output in output_specs(config)],
@@ -333,7 +332,7 @@ def encode_response(
         else:
             tensor["data"] = flat
         tensors.append(tensor)
-    response: dict[str, Any] = {"model_name": config.name, "model_version": VERSION}
+    response: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
     if request.id is not None:
         response["id"] = request.id
     response |= {"parameters": {"job_id": job_id}, "outputs": tensors}

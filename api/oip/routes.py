@@ -18,12 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from inferq.api.auth import Owner
-from inferq.api.deps import Model, State
+from inferq.api.deps import AppState, Model, State, get_model
 from inferq.api.errors import error_response
 from inferq.api.inputs import prefer_wait, read_body
 from inferq.api.oip import codec
 from inferq.api.routers.jobs import wait_for_end
-from inferq.api.routers.models import live_workers
 from inferq.shared import shards
 from inferq.shared.errors import InvalidInput, NotFound, UnsupportedMedia
 from inferq.shared.inputs import input_kind
@@ -43,12 +42,25 @@ _ENDED = {
 }
 
 
-def _version(version: str) -> None:
-    if version != codec.VERSION:
-        raise NotFound(f"model version {version[:50]!r} does not exist; inferq serves version {codec.VERSION} only")
+async def _version_config(model: str, version: str, state: State) -> ModelConfig:
+    """The config of the version a ``/versions/{version}`` path names."""
+    await get_model(model, state)  # an unknown or invalid model's 404
+    versions = state.versions.versions(model)
+    number = int(version) if version.isdigit() and len(version) < 10 else None
+    if number not in versions:
+        served = ", ".join(map(str, versions))
+        raise NotFound(f"model {model} has no version {version[:50]!r} (it has: {served})")
+    return versions[number]
 
 
-Versioned = Depends(_version)
+async def _routed(model: str, state: State) -> ModelConfig:
+    """The version an unversioned infer runs on, as the model's traffic shares route it."""
+    await get_model(model, state)
+    return await state.versions.route(state.for_model_name(model).aredis, model, None)
+
+
+Versioned = Annotated[ModelConfig, Depends(_version_config)]
+RoutedInfer = Annotated[ModelConfig, Depends(_routed)]
 
 
 @router.get("/health/live")
@@ -72,20 +84,34 @@ async def server_metadata() -> dict[str, Any]:
 
 
 @router.get("/models/{model}")
-@router.get("/models/{model}/versions/{version}", dependencies=[Versioned])
-async def model_metadata(config: Model, owner: Owner) -> dict[str, Any]:
-    """The model's input and outputs, with datatypes and shapes."""
-    return codec.metadata(config)
+async def model_metadata(config: Model, state: State, owner: Owner) -> dict[str, Any]:
+    """The model's input and outputs (its highest version's), with datatypes and shapes, and its versions."""
+    return codec.metadata(config, list(state.versions.versions(config.name)))
+
+
+@router.get("/models/{model}/versions/{version}")
+async def version_metadata(config: Versioned, state: State, owner: Owner) -> dict[str, Any]:
+    """One version's input and outputs."""
+    return codec.metadata(config, list(state.versions.versions(config.name)))
 
 
 @router.get("/models/{model}/ready")
-@router.get("/models/{model}/versions/{version}/ready", dependencies=[Versioned])
 async def model_ready(config: Model, state: State, owner: Owner) -> Response:
-    """200 while a worker serves the model; 400 (the protocol's "false") while its jobs would only wait."""
-    workers = await run_in_threadpool(live_workers, state, [config.name])
-    if workers[config.name]:
+    """200 while a worker serves some version of the model; 400 (the protocol's "false") while its jobs would wait."""
+    serving = await state.versions.serving(state.for_model(config).aredis, config.name)
+    if serving:
         return JSONResponse({"name": config.name, "ready": True})
     message = f"model {config.name} has no live worker: its jobs wait in its queue until one starts"
+    return error_response(400, "not_ready", message, flat=True)
+
+
+@router.get("/models/{model}/versions/{version}/ready")
+async def version_ready(config: Versioned, state: State, owner: Owner) -> Response:
+    """200 while a worker serves this version; 400 while its jobs would only wait."""
+    serving = await state.versions.serving(state.for_model(config).aredis, config.name)
+    if config.version in serving:
+        return JSONResponse({"name": config.name, "version": str(config.version), "ready": True})
+    message = f"version {config.version} of model {config.name} has no live worker: its jobs wait until one starts"
     return error_response(400, "not_ready", message, flat=True)
 
 
@@ -112,20 +138,40 @@ def _submission(config: ModelConfig, settings: Settings, value: Any) -> Submissi
     else:
         assert kind.from_json is not None
         payload = kind.from_json(config.input, value, config.name, settings)
-    return Submission(config.name, payload.data, payload.content_type)
+    return Submission(config.served, payload.data, payload.content_type)
 
 
 @router.post("/models/{model}/infer")
-@router.post("/models/{model}/versions/{version}/infer", dependencies=[Versioned])
 async def infer(
     request: Request,
-    config: Model,
+    config: RoutedInfer,
     state: State,
     owner: Owner,
     prefer: Annotated[str | None, Header()] = None,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
-    """Run one item through the model as a job and answer with its outputs (202 with its ID if asked)."""
+    """Run one item through the model (the version its traffic shares route it to) as a job."""
+    return await _infer(request, config, state, owner, prefer, idempotency_key)
+
+
+@router.post("/models/{model}/versions/{version}/infer")
+async def infer_version(
+    request: Request,
+    config: Versioned,
+    state: State,
+    owner: Owner,
+    prefer: Annotated[str | None, Header()] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """Run one item through this version of the model as a job."""
+    return await _infer(request, config, state, owner, prefer, idempotency_key)
+
+
+async def _infer(
+    request: Request, config: ModelConfig, state: AppState, owner: str | None, prefer: str | None, idem: str | None
+) -> Response:
+    """Run one item through ``config`` as a job and answer with its outputs (202 with its ID if asked)."""
+    idempotency_key = idem
     settings = state.settings
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
@@ -154,6 +200,7 @@ async def infer(
             "id": job.id,
             "status": view["status"] if view else public_status(job.status),
             "model": config.name,
+            "version": config.version,
             "created_at": isoformat(job.created_at),
             "enqueued_at": isoformat(job.enqueued_at),
             "urls": {

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner
 from inferq.api.bulk_upload import LineChecker, read_upload
-from inferq.api.deps import Model, State
+from inferq.api.deps import Routed, State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys, shards
 from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull
@@ -64,7 +64,7 @@ def _urls(request: Request, batch_id: str) -> dict[str, str]:
 @router.post("/v1/models/{model}/batches", status_code=202, responses=ERRORS, openapi_extra=_UPLOAD_BODY)
 async def submit_batch(
     request: Request,
-    config: Model,
+    config: Routed,
     state: State,
     owner: Owner,
     webhook: Annotated[str | None, Query(description="called once when the batch ends", max_length=2048)] = None,
@@ -94,7 +94,7 @@ async def submit_batch(
         shard.redis,
         settings,
         batch_id,
-        config.name,
+        config.served,
         priority,
         max_batch,
         result_ttl_s,

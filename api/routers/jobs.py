@@ -19,10 +19,10 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, require_key
-from inferq.api.deps import AppState, Model, Shard, State, state_of
+from inferq.api.deps import VERSION_DOC, AppState, Model, Shard, State, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
-from inferq.shared import shards
+from inferq.shared import keys, shards
 from inferq.shared.inputs import input_kind
 from inferq.shared.jobs import (
     TERMINAL,
@@ -35,7 +35,7 @@ from inferq.shared.jobs import (
     view_from_event,
 )
 from inferq.shared.lifecycle.submit import Enqueued
-from inferq.shared.models import ModelConfig
+from inferq.shared.models import ModelConfig, ModelRepository
 from inferq.shared.settings import Settings
 from inferq.shared.urls import check_webhook_target_async
 from inferq.shared.view import JobAccepted, JobView
@@ -65,7 +65,7 @@ async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: st
     with state.for_id(job_id).events.subscribe(job_id, ends_only=True) as events:
         # Subscribed before reading, so an end between the read and the wait is not missed.
         view = await _view(state, job_id, owner)
-        known = (view["model"], view["created_at"])
+        known = (view["model"], view["version"], view["created_at"])
         return await _until_end(state, job_id, owner, events, deadline, view, known) or view
 
 
@@ -76,11 +76,11 @@ async def _until_end(
     events: asyncio.Queue[dict[str, Any]],
     deadline: float,
     view: dict[str, Any] | None,
-    known: tuple[str, str | None],
+    known: tuple[str, int, str | None],
 ) -> dict[str, Any] | None:
     """Wait on ``events`` until the job is terminal or ``deadline`` passes; its latest view, if one was read.
 
-    ``known``: the job's model and created_at. With them, an end event that carries the job's view (a waited
+    ``known``: the job's model, version and created_at. With them, an end event that carries the job's view (a waited
     job's, ``shared.jobs.ended_view``) is the answer: no read.
     """
     while view is None or view["status"] not in TERMINAL:
@@ -115,7 +115,7 @@ async def _enqueue_and_wait(
         # Subscribed before the job exists, so no end can come unseen: no read of a job known to be queued.
         job = await enqueue_job_async(shard.aredis, state.settings, submission, job_id, waited=True)
         if job.id == job_id:
-            known = (submission.model, isoformat(job.created_at))
+            known = (*keys.split_served(submission.model), isoformat(job.created_at))
             return job, await _until_end(state, job_id, owner, events, deadline, None, known)
     # An Idempotency-Key's earlier job: it may have ended already.
     return job, await wait_for_end(state, job.id, max(0.0, deadline - time.monotonic()), owner)
@@ -163,6 +163,7 @@ async def submit_job(
         "id": job.id,
         "status": public_status(job.status),
         "model": config.name,
+        "version": config.version,
         "created_at": isoformat(job.created_at),
         "enqueued_at": isoformat(job.enqueued_at),
         "urls": urls,
@@ -223,14 +224,16 @@ async def job_events(job_id: str, request: Request, state: State, owner: Owner) 
 Submit = Callable[..., Awaitable[JSONResponse]]
 
 
-def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter:
-    """The submit path of every model in ``configs`` and the job read, as ``settings`` bound them."""
+def router_for(settings: Settings, configs: ModelRepository) -> APIRouter:
+    """The submit path of every model in ``configs`` and the job read, as ``settings`` bound them. A model's path
+    documents its highest version's input; a submit is parsed as the version it is routed to takes it."""
     router = APIRouter(tags=["jobs"])
-    for name in sorted(configs):
-        config = configs[name]
+    for name in configs.models():
+        versions = configs.versions(name)
+        config = versions[max(versions)]
         router.add_api_route(
             f"/v1/models/{name}/jobs",
-            _submitter(config, settings),
+            _submitter(config, settings, len(versions) > 1),
             methods=["POST"],
             status_code=202,
             response_model=JobAccepted,
@@ -271,7 +274,8 @@ def router_for(settings: Settings, configs: dict[str, ModelConfig]) -> APIRouter
     return router
 
 
-def _submitter(config: ModelConfig, settings: Settings) -> Submit:
+def _submitter(config: ModelConfig, settings: Settings, several: bool) -> Submit:
+    """The submit route of ``config``'s model (its highest version; ``several``: it has more than one)."""
     prefer_doc = f"wait=N: hold up to N seconds (at most {settings.max_wait_s:g}) for the result"
 
     async def submit(
@@ -280,10 +284,15 @@ def _submitter(config: ModelConfig, settings: Settings) -> Submit:
         idempotency_key: str | None = Header(  # noqa: B008 - as above
             None, description="the same key and body return the same job", max_length=200
         ),
+        version: int | None = Query(None, ge=1, description=VERSION_DOC),  # noqa: B008 - as above
     ) -> JSONResponse:
         # The key checked here rather than as the Owner dependency: the busiest route, and FastAPI solves each
         # dependency in a pass of its own over the path, query, headers and cookies. The same check, first.
         owner = await require_key(request, request.headers.get("authorization"))
-        return await submit_job(request, config, state_of(request), owner, prefer, idempotency_key)
+        state = state_of(request)
+        routed = config
+        if version is not None or several:
+            routed = await state.versions.route(state.for_model(config).aredis, config.name, version)
+        return await submit_job(request, routed, state, owner, prefer, idempotency_key)
 
     return submit

@@ -11,18 +11,36 @@ from rq.worker import Worker
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, Model, State
 from inferq.api.schemas import ERRORS, ModelPublic
+from inferq.api.versions import shares_of
 from inferq.shared import keys
 from inferq.shared.models import ModelConfig
 from inferq.shared.rqjson import JSONJob, JSONQueue
+from inferq.shared.versions import VersionState, read_states
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
 
 
-class ModelServed(ModelPublic):
-    # Workers registered on the model's queue (RQ's registry): 0 means its jobs wait until one starts.
+class VersionServed(BaseModel):
+    version: int
+    # loading / warming (a worker is starting it), ready (a live worker serves it), failed (its load or warm-up
+    # failed: ``reason`` says why; it gets no job), unavailable (no worker, none starting).
+    state: str
+    reason: str | None = None
+    # The SHA-256 of its weights, as its worker read them (a job's view names the one that answered it).
+    weights_sha256: str | None = None
+    # Percent of unpinned submits it takes now (the model's rollout.traffic among the ready versions).
+    share: float
     workers: int
-    # Jobs waiting per lane (a bulk batch's chunk counts once); queue_length is their sum.
     queue_lengths: dict[str, int]
+
+
+class ModelServed(ModelPublic):
+    # Workers registered on the model's queues (RQ's registry), all versions: 0 means its jobs wait until one starts.
+    workers: int
+    # Jobs waiting per lane, all versions (a bulk batch's chunk counts once); queue_length is their sum.
+    queue_lengths: dict[str, int]
+    # Each version (a model without versions has one, 1): the highest's input, labels and max batch are shown above.
+    versions: list[VersionServed]
 
 
 class InvalidModel(BaseModel):
@@ -32,17 +50,17 @@ class InvalidModel(BaseModel):
 
 class ModelListing(BaseModel):
     models: list[ModelServed]
-    # Folders in the model repository whose config.json failed its checks: not served.
+    # Folders (or versions, as model@version) in the model repository whose config.json failed its checks: not served.
     invalid: list[InvalidModel]
 
 
 def invalid_models(state: AppState) -> dict[str, str]:
     """The repository's folders left out at start, with why (load_model_configs records them)."""
-    return dict(getattr(state.models, "invalid", {}))
+    return dict(state.models.invalid)
 
 
 def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
-    """How many workers RQ has registered on each model's queue; one that stopped cleanly has unregistered."""
+    """How many workers RQ has registered on each served name's queue; one that stopped cleanly has unregistered."""
     counts = {}
     for name in names:
         queue = state.for_model(state.models[name]).queues.get(keys.queue_name(name))
@@ -51,7 +69,28 @@ def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
     return counts
 
 
-def _public(config: ModelConfig, lengths: dict[str, int], workers: int) -> ModelServed:
+def _version(
+    config: ModelConfig, lengths: dict[str, int], workers: int, told: VersionState | None, share: float
+) -> VersionServed:
+    if workers:
+        state, reason = "ready", None
+    elif told is not None and told.state != "ready":
+        state, reason = told.state, told.reason
+    else:
+        state, reason = "unavailable", None
+    return VersionServed(
+        version=config.version,
+        state=state,
+        reason=reason,
+        weights_sha256=told.weights_sha256 if told is not None else None,
+        share=round(share * 100, 3),
+        workers=workers,
+        queue_lengths=lengths,
+    )
+
+
+def _public(config: ModelConfig, versions: list[VersionServed]) -> ModelServed:
+    lengths = {lane: sum(v.queue_lengths[lane] for v in versions) for lane in keys.LANES}
     return ModelServed(
         name=config.name,
         description=config.description,
@@ -59,15 +98,16 @@ def _public(config: ModelConfig, lengths: dict[str, int], workers: int) -> Model
         input=config.input.model_dump(mode="json", by_alias=True),
         labels=config.labels,
         max_batch=config.max_batch,
-        queue=keys.queue_name(config.name),
+        queue=keys.queue_name(config.served),
         queue_length=sum(lengths.values()),
         queue_lengths=lengths,
-        workers=workers,
+        workers=sum(v.workers for v in versions),
+        versions=versions,
     )
 
 
 def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], dict[str, int]]:
-    """Each model's queue length per lane, read from the Redis that carries it, and its live workers."""
+    """Each served name's queue length per lane, read from the Redis that carries it, and its live workers."""
     by_name: dict[str, dict[str, int]] = {}
     for shard, placed in state.placed():
         mine = [name for name in placed if name in names]
@@ -84,19 +124,44 @@ def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], di
     return [by_name[name] for name in names], live_workers(state, names)
 
 
+async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
+    """Each model with its versions' state, share, workers and queues."""
+    served = [c.served for m in models for c in state.versions.versions(m).values()]
+    lengths, workers = await run_in_threadpool(_status, state, served)
+    by_served = dict(zip(served, lengths, strict=True))
+    out = []
+    for model in models:
+        configs = state.versions.versions(model)
+        shard = state.for_model_name(model)
+        told = await read_states(shard.aredis, [c.served for c in configs.values()])
+        ready = {v for v, c in configs.items() if workers[c.served]}
+        shares = shares_of(configs, ready) if ready else {}
+        versions = [
+            _version(
+                c,
+                by_served[c.served],
+                workers[c.served],
+                told[c.served],
+                shares.get(v, 0.0) / sum(shares.values() or [1]),
+            )
+            for v, c in configs.items()
+        ]
+        out.append(_public(configs[max(configs)], versions))
+    return out
+
+
 @router.get("", response_model=ModelListing)
 async def list_models(state: State) -> ModelListing:
-    """Every model this deployment serves, with its queue length and live workers; and the configs left out."""
-    names = sorted(state.models)
-    lengths, workers = await run_in_threadpool(_status, state, names)
+    """Every model this deployment serves, with its versions, queue lengths and live workers; and the configs left
+    out."""
     return ModelListing(
-        models=[_public(state.models[n], k, workers[n]) for n, k in zip(names, lengths, strict=True)],
+        models=await _served(state, state.models.models()),
         invalid=[InvalidModel(name=n, error=e) for n, e in sorted(invalid_models(state).items())],
     )
 
 
 @router.get("/{model}", response_model=ModelServed, responses=ERRORS)
 async def get_model(config: Model, state: State) -> ModelServed:
-    """One model: its inputs, labels, max batch, queue length and live workers."""
-    (length,), workers = await run_in_threadpool(_status, state, [config.name])
-    return _public(config, length, workers[config.name])
+    """One model: its inputs, labels, max batch, versions, queue length and live workers."""
+    (served,) = await _served(state, [config.name])
+    return served

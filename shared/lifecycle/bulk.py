@@ -122,9 +122,11 @@ def batch_view(batch_id: str, raw: dict[bytes, bytes], owner: str | None) -> dic
         if elapsed > 0 and counts["finished"] + counts["failed"]:
             rate = (counts["finished"] + counts["failed"]) / elapsed
             eta = 0.0 if ended else (counts["total"] - done) / rate
+    model, version = keys.split_served(record.get("model", ""))
     return {
         "id": batch_id,
-        "model": record.get("model", ""),
+        "model": model,
+        "version": version,
         "status": status,
         "priority": record.get("lane", keys.BULK),
         "counts": counts,

@@ -24,6 +24,7 @@ class F:
     OWNER = "owner"  # a hash of the submitting API key: only that key sees or cancels the job
     WAITED = "waited"  # "1": a request waits on the job's end, so the worker publishes its view with it
     # Written by the finish.
+    WEIGHTS = "weights_sha256"  # the content hash of the weights that answered (shared/models.py weights_sha256)
     BATCH_SIZE = "batch_size"
     WORKER = "worker"
     QUEUE_MS = "queue_ms"
@@ -49,7 +50,7 @@ TIMINGS = (F.QUEUE_MS, F.INFERENCE_MS)
 class JobInfo:
     """What a job's view reads of its info hash, typed."""
 
-    model: str | None = None
+    model: str | None = None  # the served name: the model, and ``@<version>`` past version 1
     deadline: float | None = None
     webhook: str | None = None
     owner: str | None = None
@@ -58,6 +59,7 @@ class JobInfo:
     timings_ms: dict[str, float] | None = None
     error: str | None = None
     canceled: bool = False
+    weights: str | None = None
 
     @classmethod
     def of(cls, raw: Mapping[str, str]) -> JobInfo:
@@ -75,6 +77,7 @@ class JobInfo:
             timings_ms=timings or None,
             error=raw.get(F.ERROR) or None,
             canceled=bool(raw.get(F.CANCELED)),
+            weights=raw.get(F.WEIGHTS) or None,
         )
 
     @property
@@ -98,10 +101,18 @@ def at_submit(
 
 
 def at_finish(
-    batch_size: int, worker: str, inference_ms: str, queue_ms: float | None = None, error: str | None = None
+    batch_size: int,
+    worker: str,
+    inference_ms: str,
+    queue_ms: float | None = None,
+    error: str | None = None,
+    weights: str | None = None,
 ) -> dict[str, str]:
-    """The fields the finish adds (the rest are there already): what ran the job, and how long it took."""
+    """The fields the finish adds (the rest are there already): what ran the job, on which weights, and how long it
+    took."""
     info = {F.BATCH_SIZE: str(batch_size), F.WORKER: worker, F.INFERENCE_MS: inference_ms}
+    if weights is not None:
+        info[F.WEIGHTS] = weights
     if queue_ms is not None:
         info[F.QUEUE_MS] = f"{queue_ms:.3f}"
     if error is not None:

@@ -19,6 +19,7 @@ from rq.job import Retry
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from inferq.shared import keys
 from inferq.shared.rqjson import JSONJob, JSONQueue
@@ -47,6 +48,11 @@ def executions_key(job_id: str) -> str:
 
 def execution_key(job_id: str, execution_id: str) -> str:
     return Execution(execution_id, job_id, _OFFLINE).key
+
+
+def workers_key(queue_name: str) -> str:
+    """RQ's set of the workers registered on a queue (their hashes' keys), as rq.worker_registration names it."""
+    return WORKERS_BY_QUEUE_KEY % queue_name
 
 
 def delivery_key(job_id: str) -> str:

@@ -33,7 +33,7 @@ def test_submit_then_poll_returns_the_classification(stack: Stack, digits_heldou
     response = submit_png(stack, pngs[0])
     assert response.status_code == 202
     body = response.json()
-    assert set(body) == {"id", "status", "model", "created_at", "enqueued_at", "urls"}
+    assert set(body) == {"id", "status", "model", "version", "created_at", "enqueued_at", "urls"}
     assert body["enqueued_at"] == body["created_at"] is not None  # queued as it was created
     assert body["status"] == "queued" and body["model"] == "digits"
     assert response.headers["location"] == f"{stack.base}/v1/jobs/{body['id']}"

@@ -162,7 +162,7 @@ def test_errors_are_the_protocols_flat_body(v2_stack: Stack, client: triton.Infe
     assert response.status_code == 422
     assert set(response.json()) == {"error"} and isinstance(response.json()["error"], str)
     assert httpx.get(f"{v2_stack.base}/v2/models/digits/versions/2", timeout=10).json() == {
-        "error": "model version '2' does not exist; inferq serves version 1 only"
+        "error": "model digits has no version '2' (it has: 1)"
     }
     # /v1 keeps its nested body.
     assert httpx.get(f"{v2_stack.base}/v1/models/nope", timeout=10).json()["error"]["code"] == "not_found"

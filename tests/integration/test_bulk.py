@@ -75,7 +75,13 @@ def test_a_batch_ends_every_item_exactly_once_with_bad_items_failing_alone(
         {f"item-{i}": 1 for i in range(10)} | {"bad-line": 1}
     )
     by_id = {line["custom_id"]: line for line in lines}
-    assert by_id["item-5"] == {"custom_id": "item-5", "status": "finished", "result": {"output": [5.0, 5.0]}}
+    assert by_id["item-5"] == {
+        "custom_id": "item-5",
+        "version": 1,
+        "weights_sha256": None,  # the echo handler has no weights file
+        "status": "finished",
+        "result": {"output": [5.0, 5.0]},
+    }
     assert by_id["item-3"]["status"] == "failed" and "poison" in by_id["item-3"]["error"]
     # Everything of the batch expires with its result TTL once it ended.
     for key in (keys.batch_key(batch_id), keys.batch_results_key(batch_id)):

@@ -69,6 +69,7 @@ def test_a_full_view_round_trips_through_the_sdk() -> None:
     full = views.JobView(
         id="j",
         model="m",
+        version=2,
         status="finished",
         created_at="2026-01-02T03:04:05Z",
         enqueued_at="2026-01-02T03:04:05Z",
@@ -76,6 +77,7 @@ def test_a_full_view_round_trips_through_the_sdk() -> None:
         ended_at="2026-01-02T03:04:06Z",
         batch_size=3,
         worker="w",
+        weights_sha256="ab" * 32,
         timings_ms={"queue_ms": 1.5, "inference_ms": 2.0},
         result={"label": "x"},
         error=None,
@@ -95,16 +97,19 @@ def test_a_queued_job_read_back_is_the_view(redis: redis_py.Redis) -> None:
 
 
 def test_an_expired_job_is_the_view() -> None:
-    info = {"model": "m", "deadline": f"{time.time() - 1:.3f}", "webhook": "http://h/"}
-    held_to_the_view(_expired_view("j", JobInfo.of(info)))
+    info = {"model": "m@3", "deadline": f"{time.time() - 1:.3f}", "webhook": "http://h/"}
+    view = _expired_view("j", JobInfo.of(info))
+    held_to_the_view(view)
+    assert (view["model"], view["version"]) == ("m", 3)
 
 
 def test_the_view_a_worker_publishes_as_a_waited_job_ends_is_the_view() -> None:
     now = datetime.now(UTC)
-    info = {"batch_size": "2", "worker": "w", "queue_ms": "1.0", "inference_ms": "2.0"}
+    info = {"batch_size": "2", "worker": "w", "queue_ms": "1.0", "inference_ms": "2.0", "weights_sha256": "ab" * 32}
     for status, result in (("finished", '{"label":"x"}'), ("failed", None)):
         published = ended_view(status, now, now, now, JobInfo.of(info | {"error": "boom"}), 60, result)
         event = {"id": "j", "model": "m", "status": status, "view": json.loads(published)}
-        carried = view_from_event(event, "j", "m", "2026-01-02T03:04:05Z")
+        carried = view_from_event(event, "j", "m", 2, "2026-01-02T03:04:05Z")
         assert carried is not None
         held_to_the_view(carried)
+        assert (carried["version"], carried["weights_sha256"]) == (2, "ab" * 32)

@@ -31,15 +31,15 @@ from tests.support.builders import write_config
 from tests.support.echo import POISON, echo_runner, submit_echo
 
 AGREED = {
-    "inferq_queue_depth": ("gauge", {"model", "lane"}),
-    "inferq_queue_oldest_age_seconds": ("gauge", {"model", "lane"}),
-    "inferq_jobs_ended": ("counter", {"model", "status"}),
-    "inferq_job_failures": ("counter", {"model", "reason"}),
-    "inferq_job_queued_seconds": ("histogram", {"model"}),
-    "inferq_job_inference_seconds": ("histogram", {"model"}),
-    "inferq_job_end_to_end_seconds": ("histogram", {"model"}),
-    "inferq_batch_size": ("histogram", {"model"}),
-    "inferq_workers": ("gauge", {"model", "state"}),
+    "inferq_queue_depth": ("gauge", {"model", "version", "lane"}),
+    "inferq_queue_oldest_age_seconds": ("gauge", {"model", "version", "lane"}),
+    "inferq_jobs_ended": ("counter", {"model", "version", "status"}),
+    "inferq_job_failures": ("counter", {"model", "version", "reason"}),
+    "inferq_job_queued_seconds": ("histogram", {"model", "version"}),
+    "inferq_job_inference_seconds": ("histogram", {"model", "version"}),
+    "inferq_job_end_to_end_seconds": ("histogram", {"model", "version"}),
+    "inferq_batch_size": ("histogram", {"model", "version"}),
+    "inferq_workers": ("gauge", {"model", "version", "state"}),
     "inferq_webhook_deliveries": ("counter", {"outcome"}),
     "inferq_webhook_delivery_seconds": ("histogram", set()),
     "inferq_http_requests": ("counter", {"route", "method", "status"}),
@@ -224,12 +224,13 @@ def test_the_exposition_has_every_agreed_metric_with_its_type_and_labels() -> No
         for sample in family.samples:  # type: ignore[attr-defined]
             assert set(sample.labels) - {"le"} == labels, (name, sample)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}  # type: ignore[attr-defined]
-    assert samples[("inferq_job_failures_total", (("model", "digits"), ("reason", "ModelError")))] == 1
-    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "canceled")))] == 0
-    assert samples[("inferq_batch_size_sum", (("model", "digits"),))] == 3
-    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.1"), ("model", "digits")))] == 0
-    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.25"), ("model", "digits")))] == 1
-    assert samples[("inferq_queue_oldest_age_seconds", (("lane", "bulk"), ("model", "digits")))] == 0
+    v1 = ("version", "1")
+    assert samples[("inferq_job_failures_total", (("model", "digits"), ("reason", "ModelError"), v1))] == 1
+    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "canceled"), v1))] == 0
+    assert samples[("inferq_batch_size_sum", (("model", "digits"), v1))] == 3
+    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.1"), ("model", "digits"), v1))] == 0
+    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.25"), ("model", "digits"), v1))] == 1
+    assert samples[("inferq_queue_oldest_age_seconds", (("lane", "bulk"), ("model", "digits"), v1))] == 0
     route = ("route", "/v1/jobs/{job_id}")
     assert samples[("inferq_http_requests_total", (("method", "OTHER"), route, ("status", "405")))] == 1
     assert samples[("inferq_http_request_seconds_count", (("method", "GET"), route))] == 1

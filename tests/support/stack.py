@@ -83,7 +83,7 @@ class Stack:
         try:
             wait_until(
                 lambda: any(
-                    f"inferq.{model}".encode() in (client.hget(key, "queues") or b"")
+                    f"inferq.{model}".encode() in (client.hget(key, "queues") or b"").split(b",")
                     for key in client.smembers("rq:workers")
                 ),
                 timeout_s,

@@ -1,0 +1,111 @@
+"""Which version of a model a submit goes to: the one it pins, else one chosen by the model's traffic shares among
+the versions that are serving.
+
+A version serves once a worker registered on its queue (RQ's worker registry): a worker registers only after its
+model loaded and passed its warm-up, so a version that fails either never gets an unpinned job. Without a
+``rollout.traffic`` in the model's config, the highest serving version takes every unpinned submit (Triton's
+"latest" policy); with one, the serving versions share them in proportion. When no version serves (a cold start),
+the shares as configured decide, and the jobs wait in that version's queue for its worker.
+
+The split is exact without any shared state: the n-th unpinned submit of a model in this process goes to the
+version whose share the point ``frac(n x golden ratio)`` falls in. That sequence is spread as evenly as any over
+[0, 1), so after n submits each version's count is within a few jobs of n x its share (not the binomial spread
+of a random choice), in every API process alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable
+from typing import Any, cast
+
+from inferq.shared import keys
+from inferq.shared.errors import NotFound
+from inferq.shared.lifecycle import layout
+from inferq.shared.models import ModelConfig, ModelRepository
+
+# How long a read of which versions serve is reused: a new worker takes traffic within this, plus its start.
+LIVE_CACHE_S = 1.0
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def pick(shares: dict[int, float], n: int) -> int:
+    """The version the n-th submit goes to (``shares`` > 0, any scale): the low-discrepancy sequence's n-th point."""
+    point = (n * GOLDEN) % 1.0
+    total = sum(shares.values())
+    edge = 0.0
+    for version, share in sorted(shares.items()):
+        edge += share / total
+        if point < edge:
+            return version
+    return max(shares)
+
+
+def shares_of(versions: dict[int, ModelConfig], serving: set[int]) -> dict[int, float]:
+    """The shares unpinned submits follow: the configured traffic among the serving versions (all of them when none
+    serves); without traffic, the highest serving version (the highest of all when none serves)."""
+    latest = max(versions)
+    rollout = versions[latest].rollout  # the model's own config.json's: every version's config carries it
+    traffic = rollout.traffic if rollout is not None else None
+    if traffic is None:
+        return {max(serving or set(versions)): 1.0}
+    known = {v: s for v, s in traffic.items() if v in versions and s > 0}
+    live = {v: s for v, s in known.items() if v in serving}
+    if live:
+        return live
+    if serving:  # the configured versions all down: a serving one rather than jobs that wait
+        return {max(serving): 1.0}
+    return known or {latest: 1.0}
+
+
+class VersionRouter:
+    """One API process's routing of submits to versions."""
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
+        self._versions = {name: repository.versions(name) for name in repository.models()}
+        self._submits: dict[str, int] = {}
+        self._serving: dict[str, tuple[float, set[int]]] = {}
+
+    def versions(self, model: str) -> dict[int, ModelConfig]:
+        return self._versions.get(model, {})
+
+    async def route(self, client: Any, model: str, pinned: int | None) -> ModelConfig:
+        """The config of the version a submit to ``model`` runs on."""
+        versions = self.versions(model)
+        if pinned is not None:
+            if pinned not in versions:
+                served = ", ".join(map(str, versions)) or "none"
+                raise NotFound(f"model {model!r} has no version {pinned} (it has: {served})")
+            return versions[pinned]
+        if len(versions) == 1:
+            return next(iter(versions.values()))
+        shares = shares_of(versions, await self.serving(client, model))
+        if len(shares) == 1:
+            return versions[next(iter(shares))]
+        n = self._submits[model] = self._submits.get(model, 0) + 1
+        return versions[pick(shares, n)]
+
+    async def serving(self, client: Any, model: str) -> set[int]:
+        """The versions of ``model`` with a live worker, as read at most LIVE_CACHE_S ago."""
+        now = time.monotonic()
+        cached = self._serving.get(model)
+        if cached is not None and now - cached[0] < LIVE_CACHE_S:
+            return cached[1]
+        versions = self.versions(model)
+        live = set()
+        for version, config in versions.items():
+            if await live_workers_async(client, keys.queue_name(config.served)):
+                live.add(version)
+        self._serving[model] = (now, live)
+        return live
+
+
+async def live_workers_async(client: Any, queue_name: str) -> int:
+    """How many workers RQ lists on a queue whose hash still exists (a killed one's entry lingers until RQ's
+    maintenance cleans it; its hash expires with its heartbeat)."""
+    names = await cast(Awaitable[set[bytes]], client.smembers(layout.workers_key(queue_name)))
+    if not names:
+        return 0
+    return int(await cast(Awaitable[int], client.exists(*names)))

@@ -1,0 +1,90 @@
+"""A model's versions: the repository's numbered folders, served names, and how unpinned submits are shared."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferq.api.versions import pick, shares_of
+from inferq.shared.keys import model_from_queue, queue_name, served_name, split_served
+from inferq.shared.models import ModelConfig, Rollout, load_model_configs, weights_sha256
+
+TENSOR = {"handler": "tensor", "input": {"kind": "tensor", "shape": [2]}, "weights": "w.bin"}
+
+
+def write(folder: Path, config: dict[str, Any] | None = None, weights: bytes | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    if weights is not None:
+        (folder / "w.bin").write_bytes(weights)
+
+
+def test_served_names_leave_version_1_as_it_was() -> None:
+    assert served_name("m", 1) == "m" and served_name("m", 12) == "m@12"
+    assert split_served("m") == ("m", 1) and split_served("m@12") == ("m", 12)
+    assert queue_name("m@2", "bulk") == "inferq.m@2.bulk" and model_from_queue("inferq.m@2.bulk") == "m@2"
+
+
+def test_numbered_folders_are_versions_each_with_its_overrides(tmp_path: Path) -> None:
+    write(tmp_path / "plain", TENSOR, b"x")
+    write(tmp_path / "m", {**TENSOR, "max_batch": 8, "rollout": {"traffic": {"1": 90, "2": 10}}})
+    write(tmp_path / "m" / "1", weights=b"one")
+    write(tmp_path / "m" / "2", {"max_batch": 64, "version": 7}, b"two")
+    write(tmp_path / "m" / "3", {"rollout": {"traffic": {"3": 100}}}, b"three")  # a version may not set it
+    write(tmp_path / "m" / "notes")  # not a number: not a version
+    repo = load_model_configs(tmp_path)
+    assert sorted(repo) == ["m", "m@2", "plain"]
+    assert repo.models() == ["m", "plain"] and list(repo.versions("m")) == [1, 2]
+    one, two = repo["m"], repo["m@2"]
+    assert (one.version, one.max_batch, one.path) == (1, 8, tmp_path / "m" / "1")
+    assert (two.version, two.max_batch, two.served) == (2, 64, "m@2")  # its own "version" field is ignored
+    assert two.rollout == Rollout(traffic={1: 90, 2: 10})  # the model's, on every version
+    assert "rollout is the model's" in repo.invalid["m@3"]
+    assert (repo["plain"].version, repo["plain"].path) == (1, tmp_path / "plain")
+    assert weights_sha256(one) != weights_sha256(two)
+
+
+def test_a_models_versions_must_share_its_redis(tmp_path: Path) -> None:
+    write(tmp_path / "m", TENSOR)
+    write(tmp_path / "m" / "1", weights=b"one")
+    write(tmp_path / "m" / "2", {"redis": "other"}, b"two")
+    repo = load_model_configs(tmp_path, redis_shards=("other",))
+    assert not repo and "must use one Redis" in repo.invalid["m"]
+
+
+@pytest.mark.parametrize("bad", [{"1": -1}, {"0": 100}, {"1": 0}])
+def test_traffic_takes_positive_versions_and_shares(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="traffic"):
+        Rollout.model_validate({"traffic": bad})
+
+
+def versions(traffic: dict[int, float] | None, numbers: tuple[int, ...] = (1, 2, 3)) -> dict[int, ModelConfig]:
+    rollout = Rollout(traffic=traffic) if traffic else None
+    return {n: ModelConfig.model_validate({**TENSOR, "name": "m", "version": n, "rollout": rollout}) for n in numbers}
+
+
+def test_shares_count_only_serving_versions() -> None:
+    assert shares_of(versions(None), {1, 2}) == {2: 1.0}  # latest that serves
+    assert shares_of(versions(None), set()) == {3: 1.0}  # none serves: the latest waits for its worker
+    split = versions({1: 90, 2: 10})
+    assert shares_of(split, {1, 2, 3}) == {1: 90, 2: 10}
+    assert shares_of(split, {1}) == {1: 90}  # version 2 failed: version 1 takes its share
+    assert shares_of(split, {3}) == {3: 1.0}  # only an unlisted version serves: better than waiting
+    assert shares_of(split, set()) == {1: 90, 2: 10}
+
+
+@pytest.mark.parametrize(
+    ("shares", "n"), [({1: 90, 2: 10}, 5000), ({1: 1, 2: 1, 3: 1}, 999), ({1: 99.5, 2: 0.5}, 2000)]
+)
+def test_the_split_is_exact_within_a_job_or_two_at_every_point(shares: dict[int, float], n: int) -> None:
+    total = sum(shares.values())
+    counts: Counter[int] = Counter()
+    for i in range(1, n + 1):
+        counts[pick(shares, i)] += 1
+        if i % 50 == 0:  # not only at the end: at every point along the way
+            assert all(abs(counts[v] - i * s / total) <= 3 for v, s in shares.items()), (i, counts)
