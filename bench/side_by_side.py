@@ -3,7 +3,8 @@
 Each checkout runs its own API process and its own no-op worker on one shared redis-server (each version's jobs on
 its own port and queue names are the same, so the rounds never overlap: one version runs at a time). The rows
 issue 27 holds a renovation to: the submit path (digit PNG submits, worker stopped, wrk or hey at 64
-connections) and many waiting clients (`Prefer: wait` no-op submits at 256 and 1,024 clients). Rounds alternate
+connections), many waiting clients (`Prefer: wait` no-op submits at 256 and 1,024 clients) and the drain (each
+checkout's own `make bench` drain: no-op jobs queued beforehand, one worker in process). Rounds alternate
 BEFORE, AFTER, BEFORE, AFTER…, so a burst of someone else's work lands on a round, not on one side; the best
 round of each side counts. Prints a markdown table; writes the rounds as JSON with ``--out``.
 """
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +91,30 @@ def waiting(version: Version, clients: int, seconds: float, tool: str) -> dict[s
     ).summary()
 
 
+# Run in a checkout (its cwd first on the path): that checkout's own ``bench.run.drain``, one round, its worker in
+# process, as `make bench` measures the drain. RQ's share of the round is kept small: only inferq's rate is read.
+_DRAIN = """
+import json, sys
+from pathlib import Path
+from bench.run import drain
+print(json.dumps(drain(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), 200, rounds=1)))
+"""
+
+
+def drains(version: Version, redis_url: str, models_dir: Path, jobs: int) -> float:
+    """Jobs per second one in-process worker of this checkout drains from a queue of ``jobs`` no-op jobs."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DRAIN, redis_url, str(models_dir / "noop"), str(jobs)],
+        cwd=version.procs.cwd,
+        env={**os.environ, "PYTHONPATH": str(version.procs.cwd)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["inferq_jobs_per_s"])
+
+
 def _digit_png() -> bytes:
     from bench.run import payloads_for
 
@@ -99,6 +127,7 @@ def main() -> None:
     parser.add_argument("after", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--drain-jobs", type=int, default=20_000, help="no-op jobs per drain round (0: no drain)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     tool = pick_tool()
@@ -126,6 +155,8 @@ def main() -> None:
                     rows.setdefault(f"waiting {clients} failed", []).append(point["failed"])
                 version.stop()
                 Redis.from_url(redis.url).flushall()
+                if args.drain_jobs:
+                    rows.setdefault("drain", []).append(drains(version, redis.url, models_dir, args.drain_jobs))
                 print(version.label, {k: v[-1] for k, v in rows.items()}, flush=True)
     finally:
         for version in versions:
