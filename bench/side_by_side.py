@@ -110,8 +110,9 @@ def drains(version: Version, redis_url: str, models_dir: Path, jobs: int) -> flo
         capture_output=True,
         text=True,
         timeout=600,
-        check=True,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"the drain in {version.procs.cwd} failed: {done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["inferq_jobs_per_s"])
 
 
@@ -127,7 +128,7 @@ def main() -> None:
     parser.add_argument("after", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--drain-jobs", type=int, default=20_000, help="no-op jobs per drain round (0: no drain)")
+    parser.add_argument("--drain-jobs", type=int, default=8_000, help="no-op jobs per drain round (0: no drain)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     tool = pick_tool()

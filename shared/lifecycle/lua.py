@@ -106,8 +106,14 @@ class Arg:
             _encode_record(self.name, self.fields, value, out)
         else:
             out.append(len(value))
+            width = len(self.fields)
+            flat = all(f.kind == "value" for f in self.fields)
             for record in value:
-                _encode_record(self.name, self.fields, record, out)
+                # A batch's jobs as (id, execution) tuples: their values in order, checked by count.
+                if flat and isinstance(record, tuple) and len(record) == width:
+                    out.extend(record)
+                else:
+                    _encode_record(self.name, self.fields, record, out)
 
     def lua(self) -> str:
         """The decoder's spec for it, as a Lua literal: 0 a value, {list=…} a list, {pairs=true} a hash's fields,
