@@ -83,8 +83,9 @@ SHAPES = {
 @dataclass(frozen=True)
 class Arg:
     """One named argument of a script's ARGV, as its header declares it: ``name`` a value, ``name[]`` a list of
-    values, ``name[a, b]`` a list of records, ``name{a, b}`` a record, ``name<>`` a hash's fields (a mapping, handed
-    to Lua as the flat field/value list HSET takes), ``@shape`` the group ``SHAPES`` names."""
+    values, ``name[a, b]`` a list of records (read by column in Lua, ``A.name.a[i]``: a batch's jobs are not a table
+    each), ``name{a, b}`` a record, ``name<>`` a hash's fields (a mapping, handed to Lua as the flat field/value list
+    HSET takes), ``@shape`` the group ``SHAPES`` names."""
 
     name: str
     kind: str  # "value", "list", "pairs", "record" (fields), "records" (a list of records of fields)
@@ -125,7 +126,7 @@ class Arg:
         if self.kind == "pairs":
             return "{pairs=true}"
         record = "{" + ",".join(f"{{'{f.name}',{f.lua()}}}" for f in self.fields) + "}"
-        return record if self.kind == "record" else f"{{list={record}}}"
+        return record if self.kind == "record" else f"{{columns={record}}}"
 
 
 def _encode_record(name: str, fields: tuple[Arg, ...], value: Any, out: list[Any]) -> None:
@@ -185,6 +186,26 @@ def _parse(text: str, at: int) -> tuple[tuple[Arg, ...], int]:
 _DECODE = """local function decode_args(spec, at)
   if spec == 0 then return ARGV[at], at + 1 end
   local out = {}
+  if spec.columns then
+    local fields, n = spec.columns, tonumber(ARGV[at])
+    at = at + 1
+    local width, columns = #fields, {}
+    for f = 1, width do
+      columns[f] = {}
+      out[fields[f][1]] = columns[f]
+    end
+    for i = 1, n do
+      for f = 1, width do
+        if fields[f][2] == 0 then
+          columns[f][i] = ARGV[at]
+          at = at + 1
+        else
+          columns[f][i], at = decode_args(fields[f][2], at)
+        end
+      end
+    end
+    return out, at
+  end
   if spec.list or spec.pairs then
     local n = tonumber(ARGV[at])
     at = at + 1

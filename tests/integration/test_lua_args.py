@@ -26,10 +26,10 @@ def test_lua_reads_every_declared_form_by_name(redis: redis_py.Redis) -> None:
     raw = script(redis, ["inferq:test:k"], args=args)
     got = json.loads(raw.decode("utf-8", "replace"))
     assert got["id"] == "j-1" and got["ids"] == ["a", "b", "c"]
-    assert got["jobs"] == [{"id": "j1", "execution": "e1"}, {"id": "j2", "execution": "e2"}]
+    assert got["jobs"] == {"id": ["j1", "j2"], "execution": ["e1", "e2"]}  # by column
     assert got["info"] == ["model", "m", "items", "3"]  # HSET's form: field, value, ...
     assert got["delivery"] == {"ttl": "60", "prefix": "hook-", "fields": ["origin", "webhooks"]}
-    assert got["chunks"][0] == {"id": "c0", "job": ["status", "queued"]}
-    assert got["chunks"][1]["id"] == "c1" and got["empty"] == got["chunks"][1]["job"] == {}  # cjson: {} for empty
+    assert got["chunks"]["id"] == ["c0", "c1"] and got["chunks"]["job"][0] == ["status", "queued"]
+    assert got["empty"] == got["chunks"]["job"][1] == {}  # cjson: {} for an empty table
     blob = Script("blob", ("k",), "return A.blob", args=parse_args("blob"))
     assert blob(redis, ["inferq:test:k"], args={"blob": args["blob"]}) == args["blob"]

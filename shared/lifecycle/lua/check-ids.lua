@@ -6,11 +6,11 @@
 -- ARGV: ttl, ids[id, line]
 
 local out = {}
-for i, seen in ipairs(A.ids) do
-  if redis.call('HSETNX', K.ids, seen.id, seen.line) == 1 then
+for i, id in ipairs(A.ids.id) do
+  if redis.call('HSETNX', K.ids, id, A.ids.line[i]) == 1 then
     out[i] = 0
   else
-    out[i] = tonumber(redis.call('HGET', K.ids, seen.id)) or 0
+    out[i] = tonumber(redis.call('HGET', K.ids, id)) or 0
   end
 end
 redis.call('EXPIRE', K.ids, A.ttl)

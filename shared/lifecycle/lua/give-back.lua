@@ -10,7 +10,7 @@ local back, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, exec, execs = unpack(KEYS, k, k + STRIDE - 1)
   n = n + 1
-  local id, exec_id = A.jobs[n].id, A.jobs[n].execution
+  local id, exec_id = A.jobs.id[n], A.jobs.execution[n]
   redis.call('ZREM', K.started, id .. ':' .. exec_id)
   redis.call('DEL', exec)
   redis.call('ZREM', execs, exec_id)

@@ -15,11 +15,10 @@ local ids, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info = KEYS[k], KEYS[k + 1]
   n = n + 1
-  local chunk = A.chunks[n]
-  ids[n] = chunk.id
-  redis.call('HSET', info, unpack(chunk.info))
+  ids[n] = A.chunks.id[n]
+  redis.call('HSET', info, unpack(A.chunks.info[n]))
   redis.call('EXPIRE', info, ttl)
-  redis.call('HSET', job, unpack(chunk.job))
+  redis.call('HSET', job, unpack(A.chunks.job[n]))
   redis.call('EXPIRE', job, ttl)
 end
 if n > 0 then

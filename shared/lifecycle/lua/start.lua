@@ -26,7 +26,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
-  local id, exec_id = A.jobs[n].id, A.jobs[n].execution
+  local id, exec_id = A.jobs.id[n], A.jobs.execution[n]
   redis.call('LREM', K.intermediate, 1, id)
   -- One read of each hash: origin, status and the fields the worker needs; the info flags.
   local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
