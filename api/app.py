@@ -61,6 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         refuse_pickle()
         shards = {name: await _open_shard(name, url, settings) for name, url in settings.redis_urls().items()}
         state = AppState(settings, model_configs, shards)
+        for shard in shards.values():
+            shard.events.on_rollback = state.versions.forget
         app.state.inferq = state
         flusher = metrics_router.Flusher(state.redis, request_counts)
         flusher.start()

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -31,6 +31,8 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.connected = asyncio.Event()
+        # Told the model of each rollback event (api/versions.py reads its versions afresh at once).
+        self.on_rollback: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         self._stopping = False
@@ -113,6 +115,8 @@ class EventHub:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event %r", data[:200])
             return
+        if event.get("kind") == "rollback" and self.on_rollback is not None:
+            self.on_rollback(str(event.get("model")))
         if not waiters:
             return
         ended = event.get("status") in TERMINAL

@@ -15,15 +15,18 @@ of a random choice), in every API process alike.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable
+from collections.abc import Set as AbstractSet
 from typing import Any, cast
 
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
 from inferq.shared.lifecycle import layout
 from inferq.shared.models import ModelConfig, ModelRepository
+from inferq.shared.versions import read_rollbacks
 
 # How long a read of which versions serve is reused: a new worker takes traffic within this, plus its start.
 LIVE_CACHE_S = 1.0
@@ -42,21 +45,25 @@ def pick(shares: dict[int, float], n: int) -> int:
     return max(shares)
 
 
-def shares_of(versions: dict[int, ModelConfig], serving: set[int]) -> dict[int, float]:
+def shares_of(
+    versions: dict[int, ModelConfig], serving: set[int], rolled_back: AbstractSet[int] = frozenset()
+) -> dict[int, float]:
     """The shares unpinned submits follow: the configured traffic among the serving versions (all of them when none
-    serves); without traffic, the highest serving version (the highest of all when none serves)."""
+    serves); without traffic, the highest serving version (the highest of all when none serves). A rolled-back
+    version counts as not serving while another serves (with none left, the rollbacks are set aside)."""
     latest = max(versions)
     rollout = versions[latest].rollout  # the model's own config.json's: every version's config carries it
     traffic = rollout.traffic if rollout is not None else None
+    usable = (serving - rolled_back) or serving
     if traffic is None:
-        return {max(serving or set(versions)): 1.0}
+        return {max(usable or (set(versions) - rolled_back) or set(versions)): 1.0}
     known = {v: s for v, s in traffic.items() if v in versions and s > 0}
-    live = {v: s for v, s in known.items() if v in serving}
+    live = {v: s for v, s in known.items() if v in usable}
     if live:
         return live
-    if serving:  # the configured versions all down: a serving one rather than jobs that wait
-        return {max(serving): 1.0}
-    return known or {latest: 1.0}
+    if usable:  # the configured versions all down: a serving one rather than jobs that wait
+        return {max(usable): 1.0}
+    return {v: s for v, s in known.items() if v not in rolled_back} or known or {latest: 1.0}
 
 
 class VersionRouter:
@@ -66,7 +73,7 @@ class VersionRouter:
         self.repository = repository
         self._versions = {name: repository.versions(name) for name in repository.models()}
         self._submits: dict[str, int] = {}
-        self._serving: dict[str, tuple[float, set[int]]] = {}
+        self._serving: dict[str, tuple[float, set[int], set[int]]] = {}
 
     def versions(self, model: str) -> dict[int, ModelConfig]:
         return self._versions.get(model, {})
@@ -81,25 +88,33 @@ class VersionRouter:
             return versions[pinned]
         if len(versions) == 1:
             return next(iter(versions.values()))
-        shares = shares_of(versions, await self.serving(client, model))
+        serving, rolled_back = await self.serving(client, model)
+        shares = shares_of(versions, serving, rolled_back)
         if len(shares) == 1:
             return versions[next(iter(shares))]
         n = self._submits[model] = self._submits.get(model, 0) + 1
         return versions[pick(shares, n)]
 
-    async def serving(self, client: Any, model: str) -> set[int]:
-        """The versions of ``model`` with a live worker, as read at most LIVE_CACHE_S ago."""
+    async def serving(self, client: Any, model: str) -> tuple[set[int], set[int]]:
+        """The versions of ``model`` with a live worker, and those rolled back, as read at most LIVE_CACHE_S ago (or
+        since the last rollback event, ``forget``)."""
         now = time.monotonic()
         cached = self._serving.get(model)
         if cached is not None and now - cached[0] < LIVE_CACHE_S:
-            return cached[1]
+            return cached[1], cached[2]
         versions = self.versions(model)
-        live = set()
-        for version, config in versions.items():
-            if await live_workers_async(client, keys.queue_name(config.served)):
-                live.add(version)
-        self._serving[model] = (now, live)
-        return live
+        counts = await asyncio.gather(
+            *(live_workers_async(client, keys.queue_name(c.served)) for c in versions.values())
+        )
+        live = {v for v, count in zip(versions, counts, strict=True) if count}
+        told = await read_rollbacks(client, [c.served for c in versions.values()])
+        rolled_back = {c.version for c in versions.values() if told[c.served] is not None}
+        self._serving[model] = (now, live, rolled_back)
+        return live, rolled_back
+
+    def forget(self, model: str) -> None:
+        """Read ``model``'s versions afresh on its next submit (a version of it was just rolled back)."""
+        self._serving.pop(model, None)
 
 
 async def live_workers_async(client: Any, queue_name: str) -> int:

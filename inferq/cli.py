@@ -224,8 +224,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
             )
         except ConfigError as exc:
             versions.tell(told, name, "failed", exc.message)
+            if len(configs.versions(config.name)) > 1:  # its other versions take its share, said as a rollback
+                versions.roll_back(told, config, f"its load or warm-up failed on a new worker: {exc.message}")
             raise
-        versions.tell(told, name, "ready", weights=runners[name].weights_sha256)
+        runner = runners[name]
+        runner.judged = len(configs.versions(config.name)) > 1
+        if versions.forget_rollback_of_other_weights(told, name, runner.weights_sha256):
+            log.info("model %s: a rollback judged on other weights no longer stands", name)
+        versions.tell(told, name, "ready", weights=runner.weights_sha256)
         log.info("model %s (%s) loaded on %s, max batch %d", name, config.format, device, runners[name].max_batch)
     told.close()
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else settings.max_wait_ms

@@ -66,6 +66,19 @@ def version_state_key(served: str) -> str:
     return f"{PREFIX}:version:{served}"
 
 
+def outcomes_key(served: str) -> str:
+    """A version's last jobs' outcomes ("1" failed, "0" not), newest first, as long as its rollback window."""
+    return f"{PREFIX}:outcomes:{served}"
+
+
+def rollback_key(served: str) -> str:
+    """A version the system rolled back: why, when, and the weights it judged (shared/versions.py)."""
+    return f"{PREFIX}:rollback:{served}"
+
+
+# A rollback stands this long unless restored (POST /v1/models/{m}/versions/{v}/restore) or new weights load.
+ROLLBACK_TTL_S = 7 * 86_400
+
 # How long a version's told state is kept: a failed load stays visible this long after the last try.
 VERSION_STATE_TTL_S = 86_400
 

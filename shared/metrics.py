@@ -281,6 +281,7 @@ class ModelState:
     depth: dict[str, int] = field(default_factory=dict)  # per lane
     oldest_age_s: dict[str, float] = field(default_factory=dict)  # per lane; 0 when empty
     workers: dict[str, int] = field(default_factory=lambda: {"busy": 0, "idle": 0})
+    rolled_back: bool = False  # the system rolled this version back (shared/versions.py)
 
 
 @dataclass
@@ -322,6 +323,11 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
     failures = CounterMetricFamily(
         "inferq_job_failures", "Failed or expired jobs, by reason class.", labels=["model", "version", "reason"]
     )
+    rolled_back = GaugeMetricFamily(
+        "inferq_version_rolled_back",
+        "1 while the system has rolled the version back (its jobs failed too often, or its warm-up failed).",
+        labels=["model", "version"],
+    )
     histograms = {
         name: HistogramMetricFamily(metric, help_text, labels=["model", "version"])
         for name, metric, _, help_text in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM)
@@ -334,6 +340,7 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
             age.add_metric([model, version, lane], state.oldest_age_s.get(lane, 0.0))
         for worker_state, live in state.workers.items():
             workers.add_metric([model, version, worker_state], live)
+        rolled_back.add_metric([model, version], 1.0 if state.rolled_back else 0.0)
         by_status = counters(state.totals, ENDED)
         for status in STATUSES:
             ended.add_metric([model, version, status], by_status.get(status, 0.0))
@@ -342,7 +349,7 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
         for name, _, buckets, _ in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM):
             hist = histogram(state.totals, name, buckets)
             histograms[name].add_metric([model, version], hist.prometheus_buckets(), hist.sum)
-    yield from (depth, age, workers, ended, failures, *histograms.values())
+    yield from (depth, age, workers, rolled_back, ended, failures, *histograms.values())
 
 
 def _webhook_metrics(fields: Mapping[str, float]) -> Iterator[Metric]:

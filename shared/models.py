@@ -41,10 +41,22 @@ Format = Literal["export", "safetensors", "huggingface", "onnx", "torchscript"]
 VERSION_RE = re.compile(r"^[1-9][0-9]{0,8}$")
 
 
+class Rollback(BaseModel):
+    """When a version of a model with several is rolled back by the system itself: its share set to zero once more
+    than ``max_failure_rate`` of its last ``window`` jobs failed (judged from ``min_jobs`` on)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_failure_rate: float = Field(default=0.1, gt=0, lt=1)
+    window: int = Field(default=100, ge=10, le=10_000)
+    min_jobs: int = Field(default=50, ge=1)
+
+
 class Rollout(BaseModel):
     """How submits that name no version are shared between a model's versions (the model's own config.json only)."""
 
     model_config = ConfigDict(extra="forbid")
+    # null: no automatic rollback.
+    rollback: Rollback | None = Rollback()
     # Percent of unpinned submits per version; versions not listed get none. Absent: the highest version that has a
     # live worker takes them all (the next one down while it has none), as Triton's "latest" policy.
     traffic: dict[int, float] | None = None
@@ -103,6 +115,11 @@ class ModelConfig(BaseModel):
     @property
     def served(self) -> str:
         return served_name(self.name, self.version)
+
+    @property
+    def rollback(self) -> Rollback | None:
+        """When this version is rolled back (``Rollout.rollback``; the defaults without a rollout)."""
+        return self.rollout.rollback if self.rollout is not None else Rollback()
 
 
 def version_folders(folder: Path) -> dict[int, Path]:

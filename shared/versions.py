@@ -1,11 +1,16 @@
 """A model version's state as its workers tell it: ``loading`` and ``warming`` while one starts, ``ready`` once it
 serves, ``failed`` with the reason when its load or warm-up failed. Written by the worker (``tell``), read by the API
 for ``GET /v1/models`` and the status page (``read_states``); a version receives unpinned jobs only once a worker is
-registered on its queue, which a worker does only after it is ready (api/versions.py)."""
+registered on its queue, which a worker does only after it is ready (api/versions.py).
+
+And its rollback: a version of a model with several whose recent jobs fail too often, or whose warm-up fails on a
+new worker, is rolled back by the system itself (``judge``, ``roll_back``): the API routes no unpinned job to it
+while the record stands (``read_rollbacks``), until it is restored (``restore``) or a worker loads other weights."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -16,6 +21,8 @@ from typing import Any, cast
 from redis.exceptions import RedisError
 
 from inferq.shared import keys
+from inferq.shared.lifecycle import scripts
+from inferq.shared.models import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +74,86 @@ async def read_states(client: Any, served: Iterable[str]) -> dict[str, VersionSt
     reads = [cast(Awaitable[dict[bytes, bytes]], client.hgetall(keys.version_state_key(n))) for n in names]
     replies = await asyncio.gather(*reads)  # one round trip on the API's auto-pipelined client
     return {name: VersionState.of(raw) for name, raw in zip(names, replies, strict=True)}
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    reason: str
+    at: float | None
+    weights_sha256: str | None
+
+
+def judge(connection: Any, config: ModelConfig, failed: list[bool], weights: str | None) -> str | None:
+    """Add a batch's outcomes to its version's window; the reason when this rolled the version back, else None."""
+    rollback = config.rollback
+    if rollback is None or not failed:
+        return None
+    fixed = [keys.outcomes_key(config.served), keys.rollback_key(config.served)]
+    args = {
+        "outcomes": ["1" if f else "0" for f in failed],
+        "window": rollback.window,
+        "max_rate": repr(rollback.max_failure_rate),
+        "min_jobs": min(rollback.min_jobs, rollback.window),
+        "ttl": keys.ROLLBACK_TTL_S,
+        "model": config.name,
+        "version": config.version,
+        "weights": weights or "",
+        "channel": keys.EVENTS_CHANNEL,
+        "now": f"{time.time():.3f}",
+    }
+    verdict, reason = scripts.JUDGE(connection, fixed, args=args)
+    return reason.decode() if int(verdict) else None
+
+
+def roll_back(connection: Any, config: ModelConfig, reason: str, weights: str | None = None) -> bool:
+    """Roll a version back at once (its warm-up failed on a new worker): True if this call did."""
+    key = keys.rollback_key(config.served)
+    try:
+        if not connection.hsetnx(key, "reason", reason):
+            return False
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={"at": f"{time.time():.3f}", "weights_sha256": weights or ""})
+            pipe.expire(key, keys.ROLLBACK_TTL_S)
+            event = {"id": "", "kind": "rollback", "model": config.name, "version": config.version, "reason": reason}
+            pipe.publish(keys.EVENTS_CHANNEL, json.dumps(event))
+            pipe.execute()
+    except RedisError as exc:
+        log.warning("model %s: could not record its rollback in Redis (%s)", config.served, exc)
+        return False
+    return True
+
+
+def forget_rollback_of_other_weights(connection: Any, served: str, weights: str | None) -> bool:
+    """A worker loaded ``weights``: a rollback judged on other weights no longer stands. True if one was lifted."""
+    key = keys.rollback_key(served)
+    try:
+        judged = connection.hget(key, "weights_sha256")
+        if judged is None or not weights or judged.decode() == weights:
+            return False
+        connection.delete(key, keys.outcomes_key(served))
+    except RedisError as exc:
+        log.warning("model %s: could not read its rollback in Redis (%s)", served, exc)
+        return False
+    return True
+
+
+async def read_rollbacks(client: Any, served: Iterable[str]) -> dict[str, RolledBack | None]:
+    """Each served name's standing rollback (None: none)."""
+    names = list(served)
+    reads = [cast(Awaitable[dict[bytes, bytes]], client.hgetall(keys.rollback_key(n))) for n in names]
+    out: dict[str, RolledBack | None] = {}
+    for name, raw in zip(names, await asyncio.gather(*reads), strict=True):
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        if "reason" not in fields:
+            out[name] = None
+            continue
+        at = fields.get("at")
+        out[name] = RolledBack(fields["reason"], float(at) if at else None, fields.get("weights_sha256") or None)
+    return out
+
+
+async def restore(client: Any, served: str) -> bool:
+    """Lift a version's rollback and forget its window: True if one stood."""
+    stood = await cast(Awaitable[int], client.exists(keys.rollback_key(served)))
+    await cast(Awaitable[int], client.delete(keys.rollback_key(served), keys.outcomes_key(served)))
+    return bool(stood)

@@ -33,7 +33,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from inferq.shared import durability, keys, metrics
+from inferq.shared import durability, keys, metrics, versions
 from inferq.shared.connections import is_unavailable
 from inferq.shared.lifecycle import bulk, claims, finish, layout
 from inferq.shared.lifecycle.claims import Claimed
@@ -526,6 +526,16 @@ class BatchWorker(SimpleWorker):
             batch = metrics.batch_increments(len(items))
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
             vanished, superseded, events = finish.finished(call, pipe.execute())
+        if runner.judged:
+            failed = [item.error is not None for item in items]
+            reason = versions.judge(self.connection, runner.config, failed, runner.weights_sha256)
+            if reason is not None:
+                log.error(
+                    "model %s version %d is rolled back: %s; unpinned jobs go to its other versions",
+                    runner.config.name,
+                    runner.config.version,
+                    reason,
+                )
         if vanished:
             log.warning(
                 "worker %s: %d job(s) expired while running; results dropped: %s", self.name, len(vanished), vanished

@@ -43,6 +43,8 @@ class ModelRunner:
     max_batch: int
     warned_shapes: bool = False
     weights_sha256: str | None = None  # what a job's view names as the weights that answered it
+    # Its model has other versions: each batch's outcomes are judged for a rollback (shared/versions.py).
+    judged: bool = False
 
 
 @dataclass

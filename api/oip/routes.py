@@ -98,7 +98,7 @@ async def version_metadata(config: Versioned, state: State, owner: Owner) -> dic
 @router.get("/models/{model}/ready")
 async def model_ready(config: Model, state: State, owner: Owner) -> Response:
     """200 while a worker serves some version of the model; 400 (the protocol's "false") while its jobs would wait."""
-    serving = await state.versions.serving(state.for_model(config).aredis, config.name)
+    serving, _ = await state.versions.serving(state.for_model(config).aredis, config.name)
     if serving:
         return JSONResponse({"name": config.name, "ready": True})
     message = f"model {config.name} has no live worker: its jobs wait in its queue until one starts"
@@ -108,7 +108,7 @@ async def model_ready(config: Model, state: State, owner: Owner) -> Response:
 @router.get("/models/{model}/versions/{version}/ready")
 async def version_ready(config: Versioned, state: State, owner: Owner) -> Response:
     """200 while a worker serves this version; 400 while its jobs would only wait."""
-    serving = await state.versions.serving(state.for_model(config).aredis, config.name)
+    serving, _ = await state.versions.serving(state.for_model(config).aredis, config.name)
     if config.version in serving:
         return JSONResponse({"name": config.name, "version": str(config.version), "ready": True})
     message = f"version {config.version} of model {config.name} has no live worker: its jobs wait until one starts"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime
+
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
@@ -13,11 +16,19 @@ from inferq.api.deps import AppState, Model, State
 from inferq.api.schemas import ERRORS, ModelPublic
 from inferq.api.versions import shares_of
 from inferq.shared import keys
+from inferq.shared.errors import NotFound
 from inferq.shared.models import ModelConfig
 from inferq.shared.rqjson import JSONJob, JSONQueue
-from inferq.shared.versions import VersionState, read_states
+from inferq.shared.versions import RolledBack, VersionState, read_rollbacks, read_states, restore
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
+
+
+class RolledBackView(BaseModel):
+    reason: str
+    at: str | None
 
 
 class VersionServed(BaseModel):
@@ -32,6 +43,9 @@ class VersionServed(BaseModel):
     share: float
     workers: int
     queue_lengths: dict[str, int]
+    # Set while the system has rolled it back (its jobs failed too often, or its warm-up failed on a new worker):
+    # it takes no unpinned submit until restored (POST .../versions/{v}/restore) or a worker loads other weights.
+    rolled_back: RolledBackView | None = None
 
 
 class ModelServed(ModelPublic):
@@ -70,7 +84,12 @@ def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
 
 
 def _version(
-    config: ModelConfig, lengths: dict[str, int], workers: int, told: VersionState | None, share: float
+    config: ModelConfig,
+    lengths: dict[str, int],
+    workers: int,
+    told: VersionState | None,
+    share: float,
+    rolled_back: RolledBack | None,
 ) -> VersionServed:
     if workers:
         state, reason = "ready", None
@@ -86,7 +105,12 @@ def _version(
         share=round(share * 100, 3),
         workers=workers,
         queue_lengths=lengths,
+        rolled_back=None if rolled_back is None else RolledBackView(reason=rolled_back.reason, at=_iso(rolled_back.at)),
     )
+
+
+def _iso(epoch: float | None) -> str | None:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z") if epoch is not None else None
 
 
 def _public(config: ModelConfig, versions: list[VersionServed]) -> ModelServed:
@@ -134,15 +158,18 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
         configs = state.versions.versions(model)
         shard = state.for_model_name(model)
         told = await read_states(shard.aredis, [c.served for c in configs.values()])
+        rollbacks = await read_rollbacks(shard.aredis, [c.served for c in configs.values()])
         ready = {v for v, c in configs.items() if workers[c.served]}
-        shares = shares_of(configs, ready) if ready else {}
+        shares = shares_of(configs, ready, {v for v, c in configs.items() if rollbacks[c.served]}) if ready else {}
+        total = sum(shares.values()) or 1.0
         versions = [
             _version(
                 c,
                 by_served[c.served],
                 workers[c.served],
                 told[c.served],
-                shares.get(v, 0.0) / sum(shares.values() or [1]),
+                shares.get(v, 0.0) / total,
+                rollbacks[c.served],
             )
             for v, c in configs.items()
         ]
@@ -163,5 +190,19 @@ async def list_models(state: State) -> ModelListing:
 @router.get("/{model}", response_model=ModelServed, responses=ERRORS)
 async def get_model(config: Model, state: State) -> ModelServed:
     """One model: its inputs, labels, max batch, versions, queue length and live workers."""
+    (served,) = await _served(state, [config.name])
+    return served
+
+
+@router.post("/{model}/versions/{version}/restore", response_model=ModelServed, responses=ERRORS)
+async def restore_version(config: Model, version: int, state: State) -> ModelServed:
+    """Lift a version's rollback: it takes its share of unpinned submits again (its failure window starts afresh)."""
+    versions = state.versions.versions(config.name)
+    if version not in versions:
+        raise NotFound(f"model {config.name} has no version {version} (it has: {', '.join(map(str, versions))})")
+    if not await restore(state.for_model(config).aredis, versions[version].served):
+        raise NotFound(f"version {version} of model {config.name} is not rolled back")
+    log.info("model %s version %d restored by request: it takes its share again", config.name, version)
+    state.versions.forget(config.name)
     (served,) = await _served(state, [config.name])
     return served

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, State
-from inferq.shared import metrics
+from inferq.shared import keys, metrics
 from inferq.shared.lifecycle import census
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -63,6 +63,9 @@ class ModelStatus(BaseModel):
     ended_total: dict[str, float] = Field(description="jobs ended by status, as inferq_jobs_ended_total")
     series: list[WindowPoint] = Field(description="the last complete windows, oldest first")
     failures: list[RecentFailure] = Field(description="the latest failures, newest first")
+    rolled_back: str | None = Field(
+        default=None, description="why the system rolled this version back, while it stands (it takes no unpinned job)"
+    )
 
 
 class ClusterStatus(BaseModel):
@@ -109,8 +112,13 @@ def _status(state: AppState) -> ClusterStatus:
     now_s = time.time()
     cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)
     recent: dict[str, census.Recent] = {}
+    rolled_back: dict[str, bytes | None] = {}
     for shard, placed in state.placed():
         recent |= census.read_recent(shard.redis, placed, HISTORY_WINDOWS + 1, now_s)
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in placed:
+                pipe.hget(keys.rollback_key(name), "reason")
+            rolled_back |= dict(zip(placed, pipe.execute(), strict=True))
     models = []
     for name in names:
         now = cluster.models[name]
@@ -134,6 +142,7 @@ def _status(state: AppState) -> ClusterStatus:
                 ended_total=metrics.counters(now.totals, metrics.ENDED),
                 series=[_point(start, fields) for start, fields in complete],
                 failures=[RecentFailure.model_validate(f) for f in history.failures],
+                rolled_back=reason.decode() if (reason := rolled_back.get(name)) else None,
             )
         )
     return ClusterStatus(

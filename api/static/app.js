@@ -111,6 +111,9 @@ function render(status) {
       list.appendChild(li);
     }
     $(root, ".failure-count").textContent = model.failures.length;
+    const rolled = $(root, ".rolled-back");
+    rolled.hidden = !model.rolled_back;
+    rolled.textContent = model.rolled_back ? "rolled back: " + model.rolled_back : "";
   }
   for (const [name, entry] of cards) {
     if (!seen.has(name)) { entry.root.remove(); cards.delete(name); }

@@ -26,6 +26,7 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
     with connection.pipeline(transaction=False) as pipe:
         for model in models:
             pipe.hgetall(keys.metrics_key(model))
+            pipe.exists(keys.rollback_key(model))
             for lane in lanes:
                 queue = layout.queue_keys(keys.queue_name(model, lane)).queue
                 pipe.llen(queue)
@@ -38,8 +39,10 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
     heads: list[tuple[str, str, str]] = []  # (model, lane, job id)
     at = 0
     for model in models:
-        state = states[model] = metrics.ModelState(totals=metrics.decode(replies[at]))
-        at += 1
+        state = states[model] = metrics.ModelState(
+            totals=metrics.decode(replies[at]), rolled_back=bool(replies[at + 1])
+        )
+        at += 2
         for lane in lanes:
             depth, head = replies[at], replies[at + 1]
             at += 2

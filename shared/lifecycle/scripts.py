@@ -28,6 +28,7 @@ ANNOUNCE_FAILED = Script.load("announce-failed")
 GIVE_BACK = Script.load("give-back")
 GIVE_BACK_HELD = Script.load("give-back-held")
 RESCUE = Script.load("rescue")
+JUDGE = Script.load("judge")
 
 ALL = (
     CLAIM_FIRST,
@@ -40,5 +41,6 @@ ALL = (
     GIVE_BACK,
     GIVE_BACK_HELD,
     RESCUE,
+    JUDGE,
     *bulk_scripts.ALL,
 )

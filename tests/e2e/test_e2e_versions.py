@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 import tritonclient.http as triton
 
 from inferq.workers.formats import save_export
+from tests.support.echo import POISON
 from tests.support.stack import Stack, new_stack, serving
 
 
@@ -132,6 +135,7 @@ def test_a_version_that_fails_to_load_gets_no_job_and_says_why(tmp_path: Path) -
         assert versions[1]["state"] == "ready" and versions[1]["share"] == 100.0
         assert versions[2]["state"] == "failed" and versions[2]["share"] == 0.0
         assert "scale" in versions[2]["reason"] and versions[2]["workers"] == 0
+        assert "warm-up failed on a new worker" in versions[2]["rolled_back"]["reason"]  # told as a rollback too
         assert scale["input"]["shape"] == [3]  # the highest version's, as its path documents
 
 
@@ -151,3 +155,72 @@ def test_a_model_without_a_serving_version_queues_by_its_shares(tmp_path: Path, 
         stack.start_worker("scale@2", name="v2")
         done = httpx.get(f"{stack.base}/v1/jobs/{accepted['id']}", params={"wait": 30}, timeout=60).json()
         assert done["status"] == "finished" and done["result"] == {"output": [2.0, 2.0]}
+
+
+def test_a_version_whose_jobs_fail_too_often_is_rolled_back_by_itself_and_can_be_restored(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path, INFERQ_TEST_SLOW_S="0")
+    model = stack.models_dir / "echoes"
+    model.mkdir()
+    config = {
+        "handler": "tests.support.echo:SlowEcho",
+        "weights": "none",
+        "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+        "max_batch": 8,
+        "rollout": {"traffic": {"1": 50, "2": 50}},  # the default rollback: over 10 % of its last 100 jobs, from 50
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "1").mkdir()
+    (model / "2").mkdir()
+    (model / "2" / "config.json").write_text(json.dumps({"handler": "tests.support.echo:Flaky"}))
+    told: list[dict[str, Any]] = []
+    with serving(stack):
+        stack.start_api()
+        stack.start_worker("echoes", name="v1")
+        stack.start_worker("echoes@2", name="v2")
+        stack.wait_for_worker("echoes")
+        stack.wait_for_worker("echoes@2")
+        pubsub = stack.redis().pubsub()
+        pubsub.subscribe("inferq:events")
+
+        def one(n: int) -> dict[str, Any]:
+            response = httpx.post(
+                f"{stack.base}/v1/models/echoes/jobs",
+                json={"inputs": [n, n]},
+                headers={"Prefer": "wait=30"},
+                timeout=60,
+            )
+            assert response.status_code in (200, 202), response.text
+            return dict(response.json())
+
+        with ThreadPoolExecutor(8) as pool:
+            views = list(pool.map(one, [n for n in range(1, 801) if n != POISON]))  # v1 fails only on POISON
+        while (message := pubsub.get_message(timeout=1)) is not None:
+            if message["type"] == "message" and b'"rollback"' in message["data"]:
+                told.append(json.loads(message["data"]))
+        pubsub.close()
+
+        listed = httpx.get(f"{stack.base}/v1/models/echoes", timeout=10).json()
+        versions = {v["version"]: v for v in listed["versions"]}
+        rolled = versions[2]["rolled_back"]
+        assert rolled is not None and "of its last" in rolled["reason"] and versions[2]["share"] == 0.0
+        assert versions[1]["rolled_back"] is None and versions[1]["share"] == 100.0
+        assert [(e["model"], e["version"]) for e in told] == [("echoes", 2)] and told[0]["reason"] == rolled["reason"]
+        at = datetime.fromisoformat(rolled["at"])
+        on_2 = sorted((datetime.fromisoformat(v["created_at"]), v["status"]) for v in views if v["version"] == 2)
+        assert 50 <= len([t for t, _ in on_2 if t <= at]) <= 200  # rolled back within 200 of its jobs
+        assert [t for t, _ in on_2 if t > at + timedelta(seconds=0.5)] == []  # none routed to it after
+        assert all(v["status"] == "finished" for v in views if v["version"] == 1)
+        assert {v["status"] for v in views if v["version"] == 2} == {"finished", "failed"}
+        metric = 'inferq_version_rolled_back{model="echoes",version="2"} 1.0'
+        assert metric in httpx.get(f"{stack.base}/metrics", timeout=10).text
+        assert "version 2 is rolled back" in stack.log_text()
+        status = httpx.get(f"{stack.base}/v1/status", timeout=10).json()
+        shown = {m["name"]: m["rolled_back"] for m in status["models"] if m["name"].startswith("echoes")}
+        assert shown == {"echoes": None, "echoes@2": rolled["reason"]}
+
+        restored = httpx.post(f"{stack.base}/v1/models/echoes/versions/2/restore", timeout=10)
+        assert restored.status_code == 200 and restored.json()["versions"][1]["rolled_back"] is None
+        again = httpx.post(f"{stack.base}/v1/models/echoes/versions/2/restore", timeout=10)
+        assert again.status_code == 404
+        after = [one(n) for n in (1, 2, 3, 4, 6, 7)]  # no multiple of 5: nothing fails, nothing rolls back
+        assert {v["version"] for v in after} == {1, 2}

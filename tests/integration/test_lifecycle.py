@@ -17,7 +17,7 @@ import redis as redis_py
 from redis.asyncio import Redis as AsyncRedis
 from rq.serializers import JSONSerializer
 
-from inferq.shared import keys
+from inferq.shared import keys, versions
 from inferq.shared.jobs import (
     QueueCache,
     Submission,
@@ -30,6 +30,7 @@ from inferq.shared.jobs import (
 from inferq.shared.lifecycle import bulk, claims, layout, scripts
 from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
 from inferq.shared.lifecycle.upload import BatchWriter
+from inferq.shared.models import ModelConfig
 from inferq.shared.rqjson import JSONJob
 from inferq.shared.settings import Settings
 from inferq.workers import batching
@@ -164,6 +165,8 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     assert claims.rescue_stuck(redis, queue) == [stranded]
     claims.announce_failed(redis, settings, [finished])
     claims.claim(redis, [queue.name, "inferq.other"], None)
+    version_2 = ModelConfig.model_validate({"name": "m", "version": 2, "input": {"kind": "tensor", "shape": [2]}})
+    versions.judge(redis, version_2, [True, False], None)  # a version's window of outcomes, for its rollback
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"

@@ -40,6 +40,7 @@ AGREED = {
     "inferq_job_end_to_end_seconds": ("histogram", {"model", "version"}),
     "inferq_batch_size": ("histogram", {"model", "version"}),
     "inferq_workers": ("gauge", {"model", "version", "state"}),
+    "inferq_version_rolled_back": ("gauge", {"model", "version"}),
     "inferq_webhook_deliveries": ("counter", {"outcome"}),
     "inferq_webhook_delivery_seconds": ("histogram", set()),
     "inferq_http_requests": ("counter", {"route", "method", "status"}),

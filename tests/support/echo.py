@@ -40,6 +40,19 @@ class SlowEcho(TensorHandler):
         return batch * 1.0
 
 
+class Flaky(TensorHandler):
+    """Fails every item whose first value is a multiple of 5: a fifth of the inputs 1, 2, 3…, each alone (the batch
+    is split to isolate them, as for any bad item)."""
+
+    def load(self) -> None:  # no weights: it computes its answer
+        pass
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        if bool((batch[:, 0] % 5 == 0).any()):
+            raise RuntimeError("this version fails on multiples of 5")
+        return batch * 1.0
+
+
 def echo_runner(max_batch: int = 16) -> ModelRunner:
     config = ModelConfig(
         name="echo",

@@ -46,6 +46,7 @@ NAMESPACE = "inferq"
 # The metric families the API's GET /metrics exposes, as agreed with the metrics work (issue 12).
 AGREED_METRICS = {
     "inferq_queue_depth": "gauge",
+    "inferq_version_rolled_back": "gauge",
     "inferq_queue_oldest_age_seconds": "gauge",
     "inferq_jobs_ended_total": "counter",
     "inferq_job_failures_total": "counter",

@@ -88,3 +88,11 @@ def test_the_split_is_exact_within_a_job_or_two_at_every_point(shares: dict[int,
         counts[pick(shares, i)] += 1
         if i % 50 == 0:  # not only at the end: at every point along the way
             assert all(abs(counts[v] - i * s / total) <= 3 for v, s in shares.items()), (i, counts)
+
+
+def test_a_rolled_back_version_gives_its_share_to_the_others() -> None:
+    split = versions({1: 90, 2: 10})
+    assert shares_of(split, {1, 2}, {2}) == {1: 90}  # the previous version takes the traffic
+    assert shares_of(versions(None), {1, 2, 3}, {3}) == {2: 1.0}  # "latest" falls back to the next one down
+    assert shares_of(split, {2}, {2}) == {2: 10}  # nothing else serves: the rollback is set aside, not the jobs
+    assert shares_of(split, set(), {1}) == {2: 10}  # a cold start queues for the versions not rolled back
