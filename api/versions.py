@@ -26,7 +26,7 @@ from inferq.shared import keys
 from inferq.shared.errors import NotFound
 from inferq.shared.lifecycle import layout
 from inferq.shared.models import ModelConfig, ModelRepository
-from inferq.shared.versions import read_rollbacks
+from inferq.shared.versions import read_rollbacks, read_states
 
 # How long a read of which versions serve is reused: a new worker takes traffic within this, plus its start.
 LIVE_CACHE_S = 1.0
@@ -46,15 +46,38 @@ def pick(shares: dict[int, float], n: int) -> int:
 
 
 def shares_of(
-    versions: dict[int, ModelConfig], serving: set[int], rolled_back: AbstractSet[int] = frozenset()
+    versions: dict[int, ModelConfig],
+    serving: set[int],
+    rolled_back: AbstractSet[int] = frozenset(),
+    ramped_for_s: float | None = None,
 ) -> dict[int, float]:
     """The shares unpinned submits follow: the configured traffic among the serving versions (all of them when none
     serves); without traffic, the highest serving version (the highest of all when none serves). A rolled-back
-    version counts as not serving while another serves (with none left, the rollbacks are set aside)."""
+    version counts as not serving while another serves (with none left, the rollbacks are set aside). A ramped
+    version (``rollout.ramp``), once it serves, takes its step's share (``ramped_for_s``: since it first served) and
+    the others share the rest; until then it takes none."""
     latest = max(versions)
     rollout = versions[latest].rollout  # the model's own config.json's: every version's config carries it
     traffic = rollout.traffic if rollout is not None else None
+    ramp = rollout.ramp if rollout is not None else None
     usable = (serving - rolled_back) or serving
+    if ramp is None or ramp.version not in versions or len(versions) == 1:
+        return _shares(versions, traffic, usable, rolled_back)
+    others = {v: c for v, c in versions.items() if v != ramp.version}
+    rest = _shares(others, traffic, usable - {ramp.version}, rolled_back)
+    if ramp.version not in usable or ramped_for_s is None:
+        return rest
+    share = ramp.share(ramped_for_s)
+    if share >= 1.0 or not usable - {ramp.version}:
+        return {ramp.version: 1.0}
+    total = sum(rest.values())
+    shares = {v: (1.0 - share) * s / total for v, s in rest.items()}
+    return {ramp.version: share, **shares} if share > 0 else shares
+
+
+def _shares(
+    versions: dict[int, ModelConfig], traffic: dict[int, float] | None, usable: set[int], rolled_back: AbstractSet[int]
+) -> dict[int, float]:
     if traffic is None:
         return {max(usable or (set(versions) - rolled_back) or set(versions)): 1.0}
     known = {v: s for v, s in traffic.items() if v in versions and s > 0}
@@ -63,7 +86,7 @@ def shares_of(
         return live
     if usable:  # the configured versions all down: a serving one rather than jobs that wait
         return {max(usable): 1.0}
-    return {v: s for v, s in known.items() if v not in rolled_back} or known or {latest: 1.0}
+    return {v: s for v, s in known.items() if v not in rolled_back} or known or {max(versions): 1.0}
 
 
 class VersionRouter:
@@ -73,7 +96,8 @@ class VersionRouter:
         self.repository = repository
         self._versions = {name: repository.versions(name) for name in repository.models()}
         self._submits: dict[str, int] = {}
-        self._serving: dict[str, tuple[float, set[int], set[int]]] = {}
+        # model -> (read at, versions serving, versions rolled back, when its ramped version first served)
+        self._serving: dict[str, tuple[float, set[int], set[int], float | None]] = {}
 
     def versions(self, model: str) -> dict[int, ModelConfig]:
         return self._versions.get(model, {})
@@ -89,7 +113,8 @@ class VersionRouter:
         if len(versions) == 1:
             return next(iter(versions.values()))
         serving, rolled_back = await self.serving(client, model)
-        shares = shares_of(versions, serving, rolled_back)
+        started = self._serving[model][3]
+        shares = shares_of(versions, serving, rolled_back, None if started is None else time.time() - started)
         if len(shares) == 1:
             return versions[next(iter(shares))]
         n = self._submits[model] = self._submits.get(model, 0) + 1
@@ -109,7 +134,14 @@ class VersionRouter:
         live = {v for v, count in zip(versions, counts, strict=True) if count}
         told = await read_rollbacks(client, [c.served for c in versions.values()])
         rolled_back = {c.version for c in versions.values() if told[c.served] is not None}
-        self._serving[model] = (now, live, rolled_back)
+        latest = versions[max(versions)]
+        ramp = latest.rollout.ramp if latest.rollout is not None else None
+        started = None
+        if ramp is not None and ramp.version in versions:
+            served = versions[ramp.version].served
+            state = (await read_states(client, [served]))[served]
+            started = state.ready_since if state is not None else None
+        self._serving[model] = (now, live, rolled_back, started)
         return live, rolled_back
 
     def forget(self, model: str) -> None:

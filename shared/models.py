@@ -51,12 +51,34 @@ class Rollback(BaseModel):
     min_jobs: int = Field(default=50, ge=1)
 
 
+class Ramp(BaseModel):
+    """A version's share of unpinned submits stepped up over time, from when it first served: ``steps`` percent, one
+    step every ``interval_s`` (the last step holds); the other versions share the rest as they would without it."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1)
+    steps: list[float] = Field(min_length=1)
+    interval_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("steps")
+    @classmethod
+    def _percent(cls, steps: list[float]) -> list[float]:
+        if any(not 0 <= step <= 100 for step in steps):
+            raise ValueError("ramp steps are percentages, 0 to 100")
+        return steps
+
+    def share(self, since_s: float) -> float:
+        """The ramped version's share (0 to 1) ``since_s`` seconds after it first served."""
+        return self.steps[min(int(max(since_s, 0.0) // self.interval_s), len(self.steps) - 1)] / 100.0
+
+
 class Rollout(BaseModel):
     """How submits that name no version are shared between a model's versions (the model's own config.json only)."""
 
     model_config = ConfigDict(extra="forbid")
     # null: no automatic rollback.
     rollback: Rollback | None = Rollback()
+    ramp: Ramp | None = None
     # Percent of unpinned submits per version; versions not listed get none. Absent: the highest version that has a
     # live worker takes them all (the next one down while it has none), as Triton's "latest" policy.
     traffic: dict[int, float] | None = None

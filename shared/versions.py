@@ -36,6 +36,7 @@ class VersionState:
     weights_sha256: str | None = None
     worker: str | None = None
     at: float | None = None
+    ready_since: float | None = None  # when a worker first served it (a ramp counts from there)
 
     @classmethod
     def of(cls, raw: dict[bytes, bytes]) -> VersionState | None:
@@ -48,6 +49,7 @@ class VersionState:
             fields.get("weights_sha256") or None,
             fields.get("worker") or None,
             float(fields["at"]) if fields.get("at") else None,
+            float(fields["ready_since"]) if fields.get("ready_since") else None,
         )
 
 
@@ -62,6 +64,8 @@ def tell(connection: Any, served: str, state: str, reason: str | None = None, we
             if state != "ready":  # a new load's hash is not known yet: the old one would mislead
                 pipe.hdel(key, "weights_sha256")
             pipe.hset(key, mapping=fields)
+            if state == "ready":
+                pipe.hsetnx(key, "ready_since", fields["at"])
             pipe.expire(key, keys.VERSION_STATE_TTL_S)
             pipe.execute()
     except RedisError as exc:

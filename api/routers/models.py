@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends
@@ -160,7 +161,12 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
         told = await read_states(shard.aredis, [c.served for c in configs.values()])
         rollbacks = await read_rollbacks(shard.aredis, [c.served for c in configs.values()])
         ready = {v for v, c in configs.items() if workers[c.served]}
-        shares = shares_of(configs, ready, {v for v, c in configs.items() if rollbacks[c.served]}) if ready else {}
+        rolled = {v for v, c in configs.items() if rollbacks[c.served]}
+        rollout = configs[max(configs)].rollout
+        ramp = rollout.ramp if rollout is not None else None
+        started = told[configs[ramp.version].served] if ramp is not None and ramp.version in configs else None
+        since = time.time() - started.ready_since if started is not None and started.ready_since else None
+        shares = shares_of(configs, ready, rolled, since) if ready else {}
         total = sum(shares.values()) or 1.0
         versions = [
             _version(

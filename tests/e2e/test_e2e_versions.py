@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ import tritonclient.http as triton
 from inferq.workers.formats import save_export
 from tests.support.echo import POISON
 from tests.support.stack import Stack, new_stack, serving
+from tests.support.waiting import wait_until
 
 
 class Scale(torch.nn.Module):
@@ -224,3 +226,67 @@ def test_a_version_whose_jobs_fail_too_often_is_rolled_back_by_itself_and_can_be
         assert again.status_code == 404
         after = [one(n) for n in (1, 2, 3, 4, 6, 7)]  # no multiple of 5: nothing fails, nothing rolls back
         assert {v["version"] for v in after} == {1, 2}
+
+
+def echo_versions(models_dir: Path, rollout: dict[str, Any]) -> None:
+    """Model ``echoes``: versions 1 and 2 of the echo handler (no weights), shared as ``rollout`` says."""
+    model = models_dir / "echoes"
+    config = {
+        "handler": "tests.support.echo:SlowEcho",
+        "weights": "none",
+        "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+        "max_batch": 16,
+        "rollout": rollout,
+    }
+    for version in ("1", "2"):
+        (model / version).mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(config))
+
+
+def test_a_ramp_to_10_percent_over_5000_jobs_sends_10_percent_and_each_runs_where_its_view_says(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path, INFERQ_TEST_SLOW_S="0")
+    echo_versions(stack.models_dir, {"ramp": {"version": 2, "steps": [10], "interval_s": 3600}})
+    with serving(stack):
+        stack.start_api()
+        stack.start_worker("echoes", extra=["--name", "only-v1"], name="v1")
+        stack.start_worker("echoes@2", extra=["--name", "only-v2"], name="v2")
+        stack.wait_for_worker("echoes")
+        stack.wait_for_worker("echoes@2")
+        listed = httpx.get(f"{stack.base}/v1/models/echoes", timeout=10).json()
+        assert {v["version"]: v["share"] for v in listed["versions"]} == {1: 90.0, 2: 10.0}
+
+        def one(n: int) -> dict[str, Any]:
+            url = f"{stack.base}/v1/models/echoes/jobs"
+            response = httpx.post(url, json={"inputs": [n, n]}, headers={"Prefer": "wait=60"}, timeout=90)
+            assert response.status_code == 200, response.text
+            return dict(response.json())
+
+        with ThreadPoolExecutor(16) as pool:
+            views = list(pool.map(one, [n for n in range(5000) if n != POISON]))
+        by_version = Counter(view["version"] for view in views)
+        assert abs(by_version[2] / len(views) - 0.10) <= 0.02, by_version
+        assert {view["status"] for view in views} == {"finished"}  # no job fails
+        assert all(view["worker"] == f"only-v{view['version']}" for view in views)  # each ran where it says
+
+
+def test_a_pinned_job_retried_after_its_worker_is_killed_runs_on_its_version_again(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path)
+    echo_versions(stack.models_dir, {"traffic": {"2": 100}})
+    with serving(stack):
+        stack.start_api()
+        doomed = stack.start_worker("echoes", name="v1", env={"INFERQ_TEST_SLOW_S": "3"})
+        stack.start_worker("echoes@2", extra=["--name", "v2-only"], name="v2", env={"INFERQ_TEST_SLOW_S": "0"})
+        stack.wait_for_worker("echoes")
+        accepted = httpx.post(f"{stack.base}/v1/models/echoes/jobs", json={"inputs": [4, 4]}, params={"version": 1})
+        job_id = accepted.json()["id"]
+
+        def status() -> str:
+            return str(httpx.get(f"{stack.base}/v1/jobs/{job_id}", timeout=10).json()["status"])
+
+        wait_until(lambda: status() == "started", 30, "the pinned job to start on version 1")
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
+        stack.start_worker("echoes", extra=["--name", "v1-again"], name="v1b", env={"INFERQ_TEST_SLOW_S": "0"})
+        wait_until(lambda: status() == "finished", 90, "the retried job to finish")
+        view = httpx.get(f"{stack.base}/v1/jobs/{job_id}", timeout=10).json()
+        assert (view["version"], view["worker"], view["result"]) == (1, "v1-again", {"output": [4.0, 4.0]})

@@ -96,3 +96,26 @@ def test_a_rolled_back_version_gives_its_share_to_the_others() -> None:
     assert shares_of(versions(None), {1, 2, 3}, {3}) == {2: 1.0}  # "latest" falls back to the next one down
     assert shares_of(split, {2}, {2}) == {2: 10}  # nothing else serves: the rollback is set aside, not the jobs
     assert shares_of(split, set(), {1}) == {2: 10}  # a cold start queues for the versions not rolled back
+
+
+def ramped(steps: list[float], traffic: dict[int, float] | None = None) -> dict[int, ModelConfig]:
+    rollout = Rollout(traffic=traffic, ramp={"version": 2, "steps": steps, "interval_s": 60})
+    return {n: ModelConfig.model_validate({**TENSOR, "name": "m", "version": n, "rollout": rollout}) for n in (1, 2)}
+
+
+def test_a_ramp_steps_its_version_up_from_when_it_first_served() -> None:
+    model = ramped([10, 50, 100])
+    assert shares_of(model, {1}, set(), None) == {1: 1.0}  # not serving yet: none for it
+    assert shares_of(model, {1, 2}, set(), 0.0) == pytest.approx({2: 0.1, 1: 0.9})
+    assert shares_of(model, {1, 2}, set(), 61.0) == pytest.approx({2: 0.5, 1: 0.5})
+    assert shares_of(model, {1, 2}, set(), 3600.0) == {2: 1.0}  # the last step holds
+    assert shares_of(model, {1, 2}, {2}, 0.0) == {1: 1.0}  # rolled back: the ramp stops
+    assert shares_of(model, {2}, set(), 0.0) == {2: 1.0}  # alone: it takes everything
+    split = ramped([20], traffic={1: 100})
+    assert shares_of(split, {1, 2}, set(), 5.0) == pytest.approx({2: 0.2, 1: 0.8})
+
+
+@pytest.mark.parametrize("steps", [[], [120], [-1]])
+def test_ramp_steps_are_percentages(steps: list[float]) -> None:
+    with pytest.raises(ValueError, match="steps|at least 1"):
+        Rollout.model_validate({"ramp": {"version": 2, "steps": steps}})
