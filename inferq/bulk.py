@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", type=Path, help="image files, folders of images, JSONL files")
     parser.add_argument("--out", type=Path, default=Path("results.jsonl"), help="results JSONL (appended)")
     parser.add_argument("--priority", choices=("bulk", "interactive"), default="bulk")
+    parser.add_argument("--version", type=int, help="the model's version to run on (default: as its traffic routes)")
     return parser
 
 
@@ -112,7 +113,7 @@ def cmd_batch(args: argparse.Namespace, client: Client) -> int:
     try:
         try:
             for group in uploads(lines_of(args.paths), skip):
-                batch = client.create_batch(args.model, group, priority=args.priority)
+                batch = client.create_batch(args.model, group, priority=args.priority, version=args.version)
                 batches.append(batch)
                 for refused in batch.refused:
                     print(f"refused: {refused.error}", file=sys.stderr)

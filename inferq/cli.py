@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", type=float, default=0.0, help="seconds to wait for each result")
     submit.add_argument("--webhook", help="URL to POST the finished job to")
     submit.add_argument("--priority", choices=("interactive", "bulk"), help="the lane (the API's default: interactive)")
+    submit.add_argument("--version", type=int, help="the model's version to run on (default: as its traffic routes)")
     add_api_options(submit)
 
     models = sub.add_parser("models", help="list the models the API serves")
@@ -290,7 +291,7 @@ BODY_OPTIONS = ("webhook", "priority", "result_ttl", "ttl")
 def _submissions(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(what, ``Client.submit`` arguments) per input, every file read first: a missing one submits nothing."""
     out: list[tuple[str, dict[str, Any]]] = []
-    flags = {name: getattr(args, name) for name in ("webhook", "priority") if getattr(args, name)}
+    flags = {name: getattr(args, name) for name in ("webhook", "priority", "version") if getattr(args, name)}
     for path in args.files:
         try:
             content = path.read_bytes()
@@ -385,6 +386,11 @@ def cmd_models(args: argparse.Namespace) -> int:
             f"{model.name:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model.max_batch:<5} "
             f"queued={model.queue_length:<6} workers={model.workers}"
         )
+        if len(model.versions) > 1:
+            for v in model.versions:
+                back = f"  rolled back: {v.rolled_back['reason']}" if v.rolled_back else ""
+                why = f" ({v.reason})" if v.reason else ""
+                print(f"  version {v.version:<4} {v.state}{why}  share={v.share:g}%  workers={v.workers}{back}")
     for invalid in listing.invalid:
         print(f"{invalid.name:<20} not served: {invalid.error}")
     return 0

@@ -44,6 +44,7 @@ from inferq.client_types import (
     JobUrls,
     Model,
     ModelList,
+    ModelVersion,
     NotFound,
     PayloadTooLarge,
     QueueFull,
@@ -75,6 +76,7 @@ __all__ = [
     "JobFailed",
     "JobUrls",
     "Model",
+    "ModelVersion",
     "ModelList",
     "NotFound",
     "PayloadTooLarge",
@@ -133,16 +135,18 @@ class Client(BulkMethods):
         ttl: int | None = None,
         priority: str | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
     ) -> Job:
         """Queue one input for ``model`` and return the queued job at once.
 
         Give exactly one of ``file`` (a path, bytes or binary file, sent as a multipart upload), ``image`` (the
         same, or a PIL image) or ``inputs`` (JSON: a tensor's nested list, a text, an object). ``priority`` is
-        "interactive" or "bulk", sent only when given. Without ``idempotency_key`` one is made, so a retried
-        submit returns the same job.
+        "interactive" or "bulk", sent only when given. ``version`` pins the model's version the job runs on (else
+        the model's traffic shares route it). Without ``idempotency_key`` one is made, so a retried submit returns
+        the same job.
         """
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
         return self._run(flows.submit(self, model, options))
 
     def get(self, job_id: str) -> Job:
@@ -168,11 +172,12 @@ class Client(BulkMethods):
         ttl: int | None = None,
         priority: str | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job: ``Prefer: wait`` first, then ``wait()``, ``timeout`` seconds in all."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
         return self._run(flows.run(self, model, options, timeout))
 
     def cancel(self, job_id: str) -> Job:
@@ -231,10 +236,11 @@ class AsyncClient(AsyncBulkMethods):
         ttl: int | None = None,
         priority: str | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
     ) -> Job:
         """Queue one input for ``model``; as ``Client.submit``."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
         return await self._run(flows.submit(self, model, options))
 
     async def get(self, job_id: str) -> Job:
@@ -257,11 +263,12 @@ class AsyncClient(AsyncBulkMethods):
         ttl: int | None = None,
         priority: str | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job; as ``Client.run``."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
-        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key}
+        options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
         return await self._run(flows.run(self, model, options, timeout))
 
     async def cancel(self, job_id: str) -> Job:

@@ -24,15 +24,17 @@ class BulkMethods(SyncIO):
         webhook: str | None = None,
         result_ttl: int | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
     ) -> Batch:
         """Upload a bulk batch for ``model`` and return it at once (queued), with the lines the API refused.
 
         ``items`` is the path of a JSONL file, or an iterable of lines: mappings such as
         ``{"custom_id": "a", "inputs": [1, 2]}`` (or ``"image": <base64>``), or their JSON as str or bytes.
         ``priority`` is "bulk" (the API's default) or "interactive". Without ``idempotency_key`` one is made, so
-        a retried upload makes one batch. ``InvalidInput`` if no line is a valid item.
+        a retried upload makes one batch. ``version`` pins the model's version every item runs on (else the
+        model's traffic shares route the batch). ``InvalidInput`` if no line is a valid item.
         """
-        options = {"priority": priority, "webhook": webhook, "result_ttl": result_ttl}
+        options = {"priority": priority, "webhook": webhook, "result_ttl": result_ttl, "version": version}
         options["idempotency_key"] = idempotency_key
         return self._run(flows.create_batch(self, model, items, options))
 
@@ -68,9 +70,10 @@ class AsyncBulkMethods(AsyncIO):
         webhook: str | None = None,
         result_ttl: int | None = None,
         idempotency_key: str | None = None,
+        version: int | None = None,
     ) -> Batch:
         """Upload a bulk batch for ``model``; as ``Client.create_batch``."""
-        options = {"priority": priority, "webhook": webhook, "result_ttl": result_ttl}
+        options = {"priority": priority, "webhook": webhook, "result_ttl": result_ttl, "version": version}
         options["idempotency_key"] = idempotency_key
         return await self._run(flows.create_batch(self, model, items, options))
 

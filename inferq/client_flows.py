@@ -50,7 +50,6 @@ from inferq.client_types import (
     Retry,
     TransportError,
     WaitTimeout,
-    build,
 )
 
 T = TypeVar("T")
@@ -238,7 +237,7 @@ def models(base: Base) -> Flow[ModelList]:
 
 def model(base: Base, name: str) -> Flow[Model]:
     """``Client.model``."""
-    return build(Model, (yield from send(base, Call("GET", f"/v1/models/{name}"))).json())
+    return Model.from_dict((yield from send(base, Call("GET", f"/v1/models/{name}"))).json())
 
 
 def create_batch(base: Base, model: str, items: Any, options: dict[str, Any]) -> Flow[Batch]:

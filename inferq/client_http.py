@@ -69,8 +69,10 @@ def submit_call(model: str, options: dict[str, Any], wait_s: float = 0) -> Call:
     headers = {"Idempotency-Key": options.pop("idempotency_key") or uuid.uuid4().hex}
     if wait_s > 0:
         headers["Prefer"] = f"wait={wait_s:g}"
+    version = options.pop("version", None)  # pinned, else as the model's traffic shares route it
     chosen = {name: value for name, value in options.items() if value is not None}
-    call = Call("POST", f"/v1/models/{model}/jobs", headers=headers, timeout_s=wait_s or None)
+    params = {"version": version} if version is not None else None
+    call = Call("POST", f"/v1/models/{model}/jobs", params=params, headers=headers, timeout_s=wait_s or None)
     if inputs is not None:
         call.json = {"inputs": inputs, **chosen}
     else:
@@ -185,5 +187,5 @@ def events_path(job_id: str) -> str:
 
 
 def model_list(data: Mapping[str, Any]) -> ModelList:
-    models = [build(Model, model) for model in data.get("models", [])]
+    models = [Model.from_dict(model) for model in data.get("models", [])]
     return ModelList(models, [build(InvalidModel, item) for item in data.get("invalid", [])])

@@ -241,6 +241,27 @@ class Model:
     # Jobs waiting per lane ("interactive", "bulk"); queue_length is their sum.
     queue_lengths: dict[str, int] = field(default_factory=dict)
     workers: int = 0
+    versions: list[ModelVersion] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Model:
+        """A model from the API's JSON."""
+        return build(cls, data, versions=[build(ModelVersion, v) for v in data.get("versions") or []])
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One version of a model: its state (loading, warming, ready, failed, unavailable), the weights' SHA-256, the
+    percent of unpinned submits it takes now, its workers and queues, and why it was rolled back, if it was."""
+
+    version: int
+    state: str
+    reason: str | None = None
+    weights_sha256: str | None = None
+    share: float = 0.0
+    workers: int = 0
+    queue_lengths: dict[str, int] = field(default_factory=dict)
+    rolled_back: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import subprocess
+import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -19,6 +21,7 @@ import pytest
 import torch
 import tritonclient.http as triton
 
+from inferq.client import Client
 from inferq.workers.formats import save_export
 from tests.support.echo import POISON
 from tests.support.stack import Stack, new_stack, serving
@@ -102,6 +105,22 @@ def test_versions_split_by_their_shares_and_each_job_names_its_version_and_weigh
         assert {(v["version"], tuple(v["result"]["output"])) for v in pinned} == {(1, (3.0, 3.0))}
         read = httpx.get(f"{stack.base}/v1/jobs/{pinned[0]['id']}", timeout=10).json()
         assert (read["version"], read["weights_sha256"]) == (1, hashes[1])
+        with Client(stack.base) as client:  # the SDK pins too, and reads each version
+            assert client.run("scale", inputs=[1.0, 1.0], version=2).result == {"output": [2.0, 2.0]}
+            assert [(v.version, v.state, v.weights_sha256) for v in client.model("scale").versions] == [
+                (1, "ready", hashes[1]),
+                (2, "ready", hashes[2]),
+            ]
+        cli = subprocess.run(
+            [sys.executable, "-m", "inferq", "submit", "scale", "--json", '{"inputs": [5, 5]}', "--version", "1"]
+            + ["--wait", "30", "--api", stack.base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        printed = json.loads(cli.stdout)
+        assert (printed["version"], printed["result"]) == (1, {"output": [5.0, 5.0]})
         unknown = httpx.post(f"{stack.base}/v1/models/scale/jobs", json={"inputs": [1, 1]}, params={"version": 9})
         assert unknown.status_code == 404 and "no version 9" in unknown.text
 
