@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
@@ -26,7 +28,7 @@ from inferq.shared.errors import ConfigError
 from inferq.shared.gc_tuning import tune_for_serving
 from inferq.shared.jobs import QueueCache
 from inferq.shared.metrics import RequestCounts
-from inferq.shared.models import load_model_configs
+from inferq.shared.models import load_model_configs, repository_signature
 from inferq.shared.redis_server import die_with_parent
 from inferq.shared.rqjson import refuse_pickle
 from inferq.shared.settings import Settings, get_settings
@@ -62,14 +64,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         shards = {name: await _open_shard(name, url, settings) for name, url in settings.redis_urls().items()}
         state = AppState(settings, model_configs, shards)
         for shard in shards.values():
-            shard.events.on_rollback = state.versions.forget
+            shard.events.on_rollback = lambda model: state.versions.forget(model)  # the router of the moment
         app.state.inferq = state
+        watcher = asyncio.create_task(_watch_models(state), name="inferq-models") if settings.models_poll_s else None
         flusher = metrics_router.Flusher(state.redis, request_counts)
         flusher.start()
         tune_for_serving()
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
             await flusher.stop()
             for shard in shards.values():
                 await _close_shard(shard)
@@ -105,6 +110,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(status.router)
     app.mount("/static", StaticFiles(directory=status.STATIC_DIR), name="static")
     return app
+
+
+async def _watch_models(state: AppState) -> None:
+    """Read the model repository again whenever it changes (INFERQ_MODELS_POLL_S): a new model or version is served,
+    a removed one refused, with no restart. (Only the routes documented in /openapi.json stay as they were at start.)"""
+    seen = await run_in_threadpool(repository_signature, state.settings.models_dir)
+    while True:
+        await asyncio.sleep(state.settings.models_poll_s)
+        try:
+            now = await run_in_threadpool(repository_signature, state.settings.models_dir)
+            if now == seen:
+                continue
+            seen = now
+            changes = await run_in_threadpool(state.reload)
+        except Exception:  # a half-written folder or a passing I/O error: the next look tries again
+            log.exception("reading the model repository again failed; serving what was read before")
+            continue
+        log.info(
+            "model repository changed: %s", ", ".join(f"{k} {v}" for k, v in changes.items() if v) or "nothing new"
+        )
 
 
 async def _open_shard(name: str, url: str, settings: Settings) -> Shard:

@@ -14,7 +14,7 @@ from inferq.api.versions import VersionRouter
 from inferq.shared import shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
-from inferq.shared.models import ModelConfig, ModelRepository
+from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs
 from inferq.shared.settings import Settings
 
 
@@ -49,6 +49,22 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.versions = VersionRouter(self.models)
+
+    def reload(self) -> dict[str, list[str]]:
+        """Read the model repository again (no restart): the served names added, removed and changed, and the ones
+        now invalid. Requests read ``models`` and ``versions`` afresh each time, so the next one sees the new set.
+        (Runs in a worker thread: it reads files.)"""
+        fresh = load_model_configs(self.settings.models_dir, self.settings.redis_shards)
+        old = self.models
+        changes = {
+            "added": sorted(set(fresh) - set(old)),
+            "removed": sorted(set(old) - set(fresh)),
+            "changed": sorted(n for n in set(fresh) & set(old) if fresh[n] != old[n]),
+            "invalid": sorted(fresh.invalid),
+        }
+        if changes["added"] or changes["removed"] or changes["changed"] or fresh.invalid != old.invalid:
+            self.models, self.versions = fresh, VersionRouter(fresh)
+        return changes
 
     @property
     def home(self) -> Shard:
@@ -111,7 +127,6 @@ VERSION_DOC = "the model's version to run on (default: as the model's traffic sh
 
 async def route_model(
     model: str,
-    request: Request,
     state: State,
     version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
 ) -> ModelConfig:

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--version", type=int, help="the model's version to run on (default: as its traffic routes)")
     add_api_options(submit)
 
-    models = sub.add_parser("models", help="list the models the API serves")
+    models = sub.add_parser("models", help="list the models the API serves (reload: have it read the repository again)")
+    models.add_argument("action", nargs="?", choices=("list", "reload"), default="list")
     add_api_options(models)
     add_api_options(bulk_cli.add_parser(sub))
     return parser
@@ -376,6 +377,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     with _client(args, timeout=10) as client:
         try:
+            if args.action == "reload":
+                changes = client.reload_models()
+                for kind, names in changes.items():
+                    print(f"{kind:<8} {', '.join(names) or '-'}")
+                return 0
             listing = client.models()
         except InferqError as exc:
             raise _whole_command_error(exc, client.base_url) from None

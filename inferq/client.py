@@ -192,6 +192,10 @@ class Client(BulkMethods):
         """Every model the API serves, and the model folders it left out."""
         return self._run(flows.models(self))
 
+    def reload_models(self) -> dict[str, list[str]]:
+        """Have the API read its model repository again now: the served names added, removed, changed, invalid."""
+        return self._run(flows.reload_models(self))
+
     def model(self, name: str) -> Model:
         """One model; ``NotFound`` if the API does not serve it."""
         return self._run(flows.model(self, name))
@@ -284,6 +288,10 @@ class AsyncClient(AsyncBulkMethods):
     async def models(self) -> ModelList:
         """Every model the API serves, and the model folders it left out."""
         return await self._run(flows.models(self))
+
+    async def reload_models(self) -> dict[str, list[str]]:
+        """Have the API read its model repository again now; as ``Client.reload_models``."""
+        return await self._run(flows.reload_models(self))
 
     async def model(self, name: str) -> Model:
         """One model; ``NotFound`` if the API does not serve it."""

@@ -235,6 +235,11 @@ def models(base: Base) -> Flow[ModelList]:
     return model_list((yield from send(base, Call("GET", "/v1/models"))).json())
 
 
+def reload_models(base: Base) -> Flow[dict[str, list[str]]]:
+    """``Client.reload_models``: safe to send twice (it only reads the repository again)."""
+    return dict((yield from send(base, Call("POST", "/v1/models/reload"))).json())
+
+
 def model(base: Base, name: str) -> Flow[Model]:
     """``Client.model``."""
     return Model.from_dict((yield from send(base, Call("GET", f"/v1/models/{name}"))).json())

@@ -231,6 +231,25 @@ class ModelRepository(dict[str, ModelConfig]):
         return {c.version: c for c in sorted(self.values(), key=lambda c: c.version) if c.name == model}
 
 
+def repository_signature(models_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a model, a version or a config is added, changed or removed: each config.json's path, mtime
+    and size, and each model and version folder (a few stat calls per model; no weights are read)."""
+    if not models_dir.is_dir():
+        return ()
+    seen: list[tuple[str, int, int]] = []
+    for folder in sorted(models_dir.iterdir()):
+        config = folder / "config.json"
+        if not config.is_file():
+            continue
+        for path in [config, *(v / "config.json" for v in version_folders(folder).values())]:
+            try:
+                stat = path.stat()
+                seen.append((str(path.relative_to(models_dir)), stat.st_mtime_ns, stat.st_size))
+            except OSError:
+                seen.append((str(path.relative_to(models_dir)), 0, -1))  # a version folder without its own config
+    return tuple(seen)
+
+
 def load_model_configs(models_dir: Path, redis_shards: Collection[str] = ()) -> ModelRepository:
     """Every model in the repository, by name; a config that fails its checks is left out, with its error.
 

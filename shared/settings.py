@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         " own Redis clients and pub/sub subscriber); `inferq up` and compose pass it on",
     )
     models_dir: Path = Field(default=Path("models"), description="the model repository: one folder per model")
+    models_poll_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="how often the API looks for new, changed or removed models and versions in the repository"
+        " (0: only when told, `inferq models reload`)",
+    )
     data_dir: Path = Field(default=Path(".inferq"), description="where `inferq up` keeps its private Redis's data")
 
     result_ttl_s: int = Field(

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, require_key
-from inferq.api.deps import VERSION_DOC, AppState, Model, Shard, State, state_of
+from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, route_model, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
 from inferq.shared import keys, shards
@@ -126,7 +126,7 @@ async def _enqueue_and_wait(
 @router.post("/v1/models/{model}/jobs", status_code=202, include_in_schema=False)
 async def submit_job(
     request: Request,
-    config: Model,
+    config: Routed,
     state: State,
     owner: Owner,
     prefer: Annotated[str | None, Header(description="wait=N: hold up to N seconds for the result")] = None,
@@ -233,7 +233,7 @@ def router_for(settings: Settings, configs: ModelRepository) -> APIRouter:
         config = versions[max(versions)]
         router.add_api_route(
             f"/v1/models/{name}/jobs",
-            _submitter(config, settings, len(versions) > 1),
+            _submitter(config, settings),
             methods=["POST"],
             status_code=202,
             response_model=JobAccepted,
@@ -274,8 +274,8 @@ def router_for(settings: Settings, configs: ModelRepository) -> APIRouter:
     return router
 
 
-def _submitter(config: ModelConfig, settings: Settings, several: bool) -> Submit:
-    """The submit route of ``config``'s model (its highest version; ``several``: it has more than one)."""
+def _submitter(config: ModelConfig, settings: Settings) -> Submit:
+    """The submit route of ``config``'s model (its highest version at start documents its body)."""
     prefer_doc = f"wait=N: hold up to N seconds (at most {settings.max_wait_s:g}) for the result"
 
     async def submit(
@@ -290,9 +290,12 @@ def _submitter(config: ModelConfig, settings: Settings, several: bool) -> Submit
         # dependency in a pass of its own over the path, query, headers and cookies. The same check, first.
         owner = await require_key(request, request.headers.get("authorization"))
         state = state_of(request)
-        routed = config
-        if version is not None or several:
-            routed = await state.versions.route(state.for_model(config).aredis, config.name, version)
+        # The repository as it is now (the API reads it again when it changes): this model's versions of the moment.
+        versions = state.versions.versions(config.name)
+        if version is None and len(versions) == 1:
+            routed = next(iter(versions.values()))
+        else:
+            routed = await route_model(config.name, state, version)
         return await submit_job(request, routed, state, owner, prefer, idempotency_key)
 
     return submit

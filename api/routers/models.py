@@ -193,6 +193,24 @@ async def list_models(state: State) -> ModelListing:
     )
 
 
+class Reloaded(BaseModel):
+    # Served names (model, or model@version past 1) the repository gained, lost or changed, and those now invalid.
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    invalid: list[str]
+
+
+@router.post("/reload", response_model=Reloaded)
+async def reload_models(state: State) -> Reloaded:
+    """Read the model repository again now, as the API also does by itself when it changes (INFERQ_MODELS_POLL_S):
+    new models and versions are served, removed ones refused, without a restart. Workers are started apart
+    (`inferq up` does it; elsewhere, start `inferq worker --model NAME` for each new one)."""
+    changes = await run_in_threadpool(state.reload)
+    log.info("model repository read again by request: %s", changes)
+    return Reloaded(**changes)
+
+
 @router.get("/{model}", response_model=ModelServed, responses=ERRORS)
 async def get_model(config: Model, state: State) -> ModelServed:
     """One model: its inputs, labels, max batch, versions, queue length and live workers."""

@@ -309,3 +309,48 @@ def test_a_pinned_job_retried_after_its_worker_is_killed_runs_on_its_version_aga
         wait_until(lambda: status() == "finished", 90, "the retried job to finish")
         view = httpx.get(f"{stack.base}/v1/jobs/{job_id}", timeout=10).json()
         assert (view["version"], view["worker"], view["result"]) == (1, "v1-again", {"output": [4.0, 4.0]})
+
+
+def _echo_model(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    config = {
+        "handler": "tests.support.echo:SlowEcho",
+        "weights": "none",
+        "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_model_dropped_into_the_repository_is_served_without_restarting_the_api(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path, INFERQ_MODELS_POLL_S="0.5", INFERQ_TEST_SLOW_S="0")
+    with serving(stack):
+        stack.start_api()
+        api = stack.procs[0]
+        url = f"{stack.base}/v1/models/later/jobs"
+        assert httpx.post(url, json={"inputs": [1, 1]}).status_code == 404
+        _echo_model(stack.models_dir / "later")
+        stack.start_worker("later", name="later")
+        wait_until(lambda: httpx.post(url, json={"inputs": [1, 1]}).status_code == 202, 30, "the new model served")
+        done = httpx.post(url, json={"inputs": [2, 2]}, headers={"Prefer": "wait=30"}, timeout=60).json()
+        assert done["result"] == {"output": [2.0, 2.0]}
+        assert api.poll() is None and stack.procs[0] is api  # the same API process throughout
+        (stack.models_dir / "later" / "config.json").unlink()
+        wait_until(lambda: httpx.post(url, json={"inputs": [1, 1]}).status_code == 404, 30, "the model removed")
+
+
+def test_inferq_models_reload_reads_the_repository_at_once(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path, INFERQ_MODELS_POLL_S="0")  # no watching: only when told
+    with serving(stack):
+        stack.start_api()
+        _echo_model(stack.models_dir / "told")
+        url = f"{stack.base}/v1/models/told/jobs"
+        assert httpx.post(url, json={"inputs": [1, 1]}).status_code == 404
+        cli = subprocess.run(
+            [sys.executable, "-m", "inferq", "models", "reload", "--api", stack.base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "added    told" in cli.stdout
+        assert httpx.post(url, json={"inputs": [1, 1]}).status_code == 202
