@@ -17,9 +17,10 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 from inferq.shared.errors import EXIT_CONFIG
 from inferq.shared.redis_server import RedisServer, RedisServerError, die_with_parent
@@ -49,6 +50,8 @@ class Child:
     restart_at: float | None = None
     # Why it is not restarted (it could not start as configured), or None.
     stopped_for: str | None = None
+    # Told to serve what waits in its queues and exit (its model left the repository, or changed): never restarted.
+    draining: bool = False
 
     @property
     def running(self) -> bool:
@@ -66,8 +69,16 @@ class Supervisor:
         redis: RedisServer | None,
         stop_grace_s: float,
         max_backoff_s: float = MAX_BACKOFF_S,
+        watch: Callable[[], Mapping[str, tuple[list[str], Any]]] | None = None,
+        watch_s: float = 2.0,
     ) -> None:
         self.workers = list(workers)
+        # The worker children the model repository asks for now: name -> (command, what changes when its model
+        # does). Read every ``watch_s``: new ones start, removed ones drain, changed ones are replaced.
+        self.watch = watch
+        self.watch_s = watch_s
+        self._wanted: dict[str, Any] = {}
+        self._next_watch = 0.0
         self.services = list(services)
         self.env = env
         self.redis = redis
@@ -93,7 +104,12 @@ class Supervisor:
         try:
             for child in self.children:
                 self._start(child)
+            if self.watch is not None:
+                self._wanted = {name: signature for name, (_, signature) in self.watch().items()}
+                self._next_watch = time.monotonic() + self.watch_s
             while not self.signals:
+                if self.watch is not None and time.monotonic() >= self._next_watch:
+                    self._follow_repository()
                 if not self._tend():
                     break
                 time.sleep(POLL_S)
@@ -111,6 +127,40 @@ class Supervisor:
         if self.redis is not None:
             self.redis.stop()
 
+    def _follow_repository(self) -> None:
+        """Start the workers of new models and versions, drain those of removed ones, replace those that changed."""
+        assert self.watch is not None
+        self._next_watch = time.monotonic() + self.watch_s
+        try:
+            wanted = self.watch()
+        except Exception as exc:  # a half-written config: the next look tries again
+            log.warning("the model repository could not be read (%s); keeping the workers as they are", exc)
+            return
+        current = {child.name: child for child in self.workers if not child.draining}
+        for name, (command, signature) in wanted.items():
+            if name in current and self._wanted.get(name) == signature:
+                continue
+            if name in current:
+                self._drain(current[name], "its model changed; a new one takes over")
+            else:
+                log.info("%s: new in the model repository, starting it", name)
+            child = Child(name, command)
+            self.workers.append(child)
+            self._start(child)
+            self._wanted[name] = signature
+        for name, child in current.items():
+            if name not in wanted:
+                self._drain(child, "its model left the repository")
+                self._wanted.pop(name, None)
+
+    def _drain(self, child: Child, why: str) -> None:
+        """Have a worker serve what waits in its queues, then exit (SIGUSR1); it is not restarted."""
+        child.draining = True
+        if child.running:
+            assert child.proc is not None
+            log.info("%s: %s; it serves its queued jobs, then stops", child.name, why)
+            child.proc.send_signal(signal.SIGUSR1)
+
     def _start(self, child: Child) -> None:
         child.restart_at = None
         # Own session: the terminal's Ctrl-C is ours alone; die_with_parent: a killed supervisor takes them along.
@@ -121,6 +171,9 @@ class Supervisor:
         now = time.monotonic()
         if self.redis is not None and not self.redis.is_running() and not self._tend_redis(now):
             return False
+        for child in [c for c in self.workers if c.draining and not c.running]:
+            log.info("%s: drained and stopped", child.name)
+            self.workers.remove(child)
         for child in self.children:
             if child.stopped_for or child.running:
                 continue

@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inferq.shared.connections import redact
 from inferq.shared.errors import ConfigError
@@ -76,11 +76,30 @@ def cmd_up(args: argparse.Namespace) -> int:
             for shard in sorted({c.redis or shards.DEFAULT for c in configs.values()} | {shards.DEFAULT})
         ),
     ]
-    supervisor = Supervisor(workers, services, env, server, stop_grace_s=args.stop_grace_s)
+    watch = functools.partial(_wanted_workers, settings, me) if settings.models_poll_s else None
+    supervisor = Supervisor(
+        workers, services, env, server, stop_grace_s=args.stop_grace_s, watch=watch, watch_s=settings.models_poll_s
+    )
     print_banner(settings, redis_url, configs, server, args.stop_grace_s)
     code = supervisor.run()
     print("inferq stopped.", flush=True)
     return code
+
+
+def _wanted_workers(settings: Settings, me: list[str]) -> dict[str, tuple[list[str], Any]]:
+    """The worker each model version in the repository asks for now, and what changes when the version does (its
+    config, and its weights' size and modification time): the supervisor starts, drains and replaces workers by it."""
+    from inferq.shared.models import load_model_configs
+
+    wanted = {}
+    for name, config in load_model_configs(settings.models_dir, settings.redis_shards).items():
+        try:
+            stat = config.weights_path.stat()
+            weights = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            weights = None
+        wanted[f"worker {name}"] = ([*me, "worker", "--model", name], (config.model_dump_json(), weights))
+    return wanted
 
 
 def print_banner(

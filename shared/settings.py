@@ -95,8 +95,8 @@ class Settings(BaseSettings):
     models_poll_s: float = Field(
         default=2.0,
         ge=0,
-        description="how often the API looks for new, changed or removed models and versions in the repository"
-        " (0: only when told, `inferq models reload`)",
+        description="how often the API and `inferq up` look for new, changed or removed models and versions in the"
+        " repository, and serve them with no restart (0: never by themselves; `inferq models reload` tells the API)",
     )
     data_dir: Path = Field(default=Path(".inferq"), description="where `inferq up` keeps its private Redis's data")
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -103,6 +105,8 @@ class BatchWorker(SimpleWorker):
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
         self._lost: tuple[Queue, list[str], list[str]] | None = None
         self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
+        # SIGUSR1 (``drain``): serve what waits in its queues, then exit (a version removed from the repository).
+        self.draining = False
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -205,8 +209,17 @@ class BatchWorker(SimpleWorker):
             log.exception("worker %s: the last batch's results could not be stored", self.name)
         self.outage.skip(super().teardown, "registering its end")
 
+    def drain(self, signum: int | None = None, frame: Any = None) -> None:
+        """Serve every job waiting in this worker's queues, then exit, as a burst worker does (SIGUSR1): how
+        `inferq up` unloads a model or version removed from the repository without dropping its queued jobs."""
+        if not self.draining:
+            log.info("worker %s: draining: it serves what waits in its queues, then exits", self.name)
+        self.draining = True
+
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop; whatever way it ends, a prefetched batch that will not run goes back to its queue."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self.drain)
         self.prefetch.open()  # a worker may work() again after a burst
         try:
             return bool(super().work(*args, **kwargs))
@@ -235,7 +248,7 @@ class BatchWorker(SimpleWorker):
                     self.run_maintenance_tasks()
                 if timeout is not None and idle_left is not None:
                     timeout = min(timeout, idle_left)
-                claimed = self._claim(timeout)
+                claimed = self._claim(None if self.draining else timeout)  # draining: an empty queue ends it
                 self.outage.ok()
                 if claimed is None:
                     return None

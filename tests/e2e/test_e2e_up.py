@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -271,3 +273,71 @@ def test_up_on_a_taken_api_port_says_so_and_leaves_nothing_running(tmp_path: Pat
     ]
     redis_port = int((data_dir / "redis" / "port").read_text())
     assert _pids_with(f"redis-server 127.0.0.1:{redis_port}") == []
+
+
+def test_up_serves_a_model_dropped_into_the_repository_and_drains_one_removed_with_no_restart(tmp_path: Path) -> None:
+    """A new model folder is served within seconds, the API and the other workers untouched (their PIDs); a removed
+    model's worker serves every job still queued for it, then stops."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copytree(ROOT / "models" / "digits", models / "digits")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "INFERQ_MODELS_DIR": str(models)}
+    env |= {"PYTHONPATH": str(ROOT), "INFERQ_MODELS_POLL_S": "0.5", "INFERQ_TEST_SLOW_S": "0.5"}
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(f"{base}/readyz"), 60, "inferq up to be ready")
+        api, digits = _children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")
+        later = models / "later"
+        later.mkdir()
+        (later / "config.json").write_text(
+            json.dumps(
+                {
+                    "handler": "tests.support.echo:SlowEcho",
+                    "weights": "none",
+                    "input": {"kind": "tensor", "shape": [2], "dtype": "float32"},
+                    "max_batch": 1,
+                }
+            )
+        )
+        url = f"{base}/v1/models/later/jobs"
+
+        def served() -> bool:
+            response = httpx.post(url, json={"inputs": [0, 0]}, headers={"Prefer": "wait=20"}, timeout=30)
+            return response.status_code == 200
+
+        wait_until(served, 30, "the new model's first job")
+        assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
+        queued = [httpx.post(url, json={"inputs": [n, n]}).json()["id"] for n in range(1, 7)]  # 0.5 s each
+        (later / "config.json").unlink()
+        refused = f"{base}/v1/models/later"
+        wait_until(lambda: httpx.get(refused).status_code == 404, 30, "the model refused")
+
+        def ended() -> list[str]:
+            return [httpx.get(f"{base}/v1/jobs/{job_id}").json()["status"] for job_id in queued]
+
+        wait_until(lambda: ended() == ["finished"] * 6, 60, "every queued job of the removed model")
+        wait_until(lambda: _children_with(proc.pid, "worker --model later") == [], 60, "its worker to stop")
+        wait_until(lambda: "worker later: drained and stopped" in (tmp_path / "up.log").read_text(), 10, "its end told")
+        assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=40) == 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
