@@ -136,14 +136,18 @@ async def _replayed(request: Request, state: State, owner: str | None, held: str
     view = await bulk.read_batch_async(connection, batch_id, owner)
     # A retry that overtook its first upload's last steps (its chunks being queued) waits for them, a while.
     waited_s = 0.0
-    while view is None and waited_s < PENDING_WAIT_S and await bulk.is_pending_async(connection, batch_id):
+    while view is None:
+        if not await bulk.is_pending_async(connection, batch_id):
+            # Shown between the read and this check (the upload's last step clears `pending`), or expired.
+            view = await bulk.read_batch_async(connection, batch_id, owner)
+            if view is None:
+                raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
+            break
+        if waited_s >= PENDING_WAIT_S:
+            raise Conflict(f"the batch {batch_id} of this Idempotency-Key is still being queued; retry")
         await anyio.sleep(0.05)
         waited_s += 0.05
         view = await bulk.read_batch_async(connection, batch_id, owner)
-    if view is None:
-        if await bulk.is_pending_async(connection, batch_id):
-            raise Conflict(f"the batch {batch_id} of this Idempotency-Key is still being queued; retry")
-        raise NotFound(f"the batch {batch_id} of this Idempotency-Key has expired")
     count, shown = await bulk.read_refused_async(connection, batch_id)
     return _accepted(request, view, count, shown)
 
