@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from inferq.api.auth import Owner
-from inferq.api.deps import AppState, Model, State, get_model
+from inferq.api.deps import AppState, Model, State, get_model, route_model
 from inferq.api.errors import error_response
 from inferq.api.inputs import prefer_wait, read_body
 from inferq.api.oip import codec
@@ -54,9 +54,9 @@ async def _version_config(model: str, version: str, state: State) -> ModelConfig
 
 
 async def _routed(model: str, state: State) -> ModelConfig:
-    """The version an unversioned infer runs on, as the model's traffic shares route it."""
-    await get_model(model, state)
-    return await state.versions.route(state.for_model_name(model).aredis, model, None)
+    """The version an unversioned infer runs on, as the model's traffic shares route it (the protocol pins a
+    version by its path, never by a query)."""
+    return await route_model(model, state, None)
 
 
 Versioned = Annotated[ModelConfig, Depends(_version_config)]
@@ -168,10 +168,14 @@ async def infer_version(
 
 
 async def _infer(
-    request: Request, config: ModelConfig, state: AppState, owner: str | None, prefer: str | None, idem: str | None
+    request: Request,
+    config: ModelConfig,
+    state: AppState,
+    owner: str | None,
+    prefer: str | None,
+    idempotency_key: str | None,
 ) -> Response:
     """Run one item through ``config`` as a job and answer with its outputs (202 with its ID if asked)."""
-    idempotency_key = idem
     settings = state.settings
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
