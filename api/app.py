@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
@@ -62,9 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
         shards = {name: await _open_shard(name, url, settings) for name, url in settings.redis_urls().items()}
-        state = AppState(settings, model_configs, shards)
+        state = AppState(settings, model_configs, shards, signature=repository_signature(settings.models_dir))
         for shard in shards.values():
-            shard.events.on_rollback = lambda model: state.versions.forget(model)  # the router of the moment
+            shard.events.on_routing_change = lambda model: state.versions.forget(model)  # the router of the moment
         app.state.inferq = state
         watcher = asyncio.create_task(_watch_models(state), name="inferq-models") if settings.models_poll_s else None
         flusher = metrics_router.Flusher(state.redis, request_counts)
@@ -115,21 +114,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 async def _watch_models(state: AppState) -> None:
     """Read the model repository again whenever it changes (INFERQ_MODELS_POLL_S): a new model or version is served,
     a removed one refused, with no restart. (Only the routes documented in /openapi.json stay as they were at start.)"""
-    seen = await run_in_threadpool(repository_signature, state.settings.models_dir)
     while True:
         await asyncio.sleep(state.settings.models_poll_s)
         try:
-            now = await run_in_threadpool(repository_signature, state.settings.models_dir)
-            if now == seen:
-                continue
-            seen = now
-            changes = await run_in_threadpool(state.reload)
+            await state.look_again()
         except Exception:  # a half-written folder or a passing I/O error: the next look tries again
             log.exception("reading the model repository again failed; serving what was read before")
-            continue
-        log.info(
-            "model repository changed: %s", ", ".join(f"{k} {v}" for k, v in changes.items() if v) or "nothing new"
-        )
 
 
 async def _open_shard(name: str, url: str, settings: Settings) -> Shard:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
@@ -14,8 +17,10 @@ from inferq.api.versions import VersionRouter
 from inferq.shared import shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
-from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs
+from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs, repository_signature
 from inferq.shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,9 +51,30 @@ class AppState:
     models: ModelRepository  # by served name: each version of each model
     shards: dict[str, Shard]
     versions: VersionRouter = field(init=False)
+    # What the repository looked like when last read (repository_signature), and when it was last looked at.
+    signature: tuple[tuple[str, int, int], ...] = ()
+    looked_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.versions = VersionRouter(self.models)
+
+    async def look_again(self, at_most_every_s: float = 0.0) -> bool:
+        """Read the repository again if it changed since the last look (a few stat calls in the threadpool; no more
+        often than ``at_most_every_s``): True if it did. The API looks every INFERQ_MODELS_POLL_S, and at once when a
+        submit names a model or version it does not know, so one added a moment ago is not refused."""
+        now = time.monotonic()
+        if now - self.looked_at < at_most_every_s:
+            return False
+        self.looked_at = now
+        signature = await run_in_threadpool(repository_signature, self.settings.models_dir)
+        if signature == self.signature:
+            return False
+        self.signature = signature
+        self.looked_at = 0.0  # a change found: the next miss may find another at once (a miss alone waits)
+        changes = await run_in_threadpool(self.reload)
+        told = ", ".join(f"{kind} {names}" for kind, names in changes.items() if names)
+        log.info("model repository changed: %s", told or "nothing new")
+        return True
 
     def reload(self) -> dict[str, list[str]]:
         """Read the model repository again (no restart): the served names added, removed and changed, and the ones
@@ -122,6 +148,9 @@ async def get_model(model: str, state: State) -> ModelConfig:
 
 Model = Annotated[ModelConfig, Depends(get_model)]
 
+# A submit to a model or version this process does not know has it look at the repository again, at most this often.
+LOOK_ON_MISS_S = 0.5
+
 VERSION_DOC = "the model's version to run on (default: as the model's traffic shares route it)"
 
 
@@ -131,7 +160,14 @@ async def route_model(
     version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
 ) -> ModelConfig:
     """The config of the version a submit runs on: the one it pins (``?version=``), else as ``VersionRouter`` routes."""
-    await get_model(model, state)  # an unknown or invalid model's 404
+    try:
+        await get_model(model, state)  # an unknown or invalid model's 404
+        return await state.versions.route(state.for_model_name(model).aredis, model, version)
+    except NotFound:
+        # Added a moment ago, before the next look: look now (at most a few times a second, whoever asks).
+        if not state.settings.models_poll_s or not await state.look_again(at_most_every_s=LOOK_ON_MISS_S):
+            raise
+    await get_model(model, state)
     return await state.versions.route(state.for_model_name(model).aredis, model, version)
 
 

@@ -6,6 +6,7 @@ Under ``/v2`` (the Open Inference Protocol) the body is the protocol's flat ``{"
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,7 +93,13 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         # Starlette's 405 carries Allow (RFC 9110 requires it); any header an exception sets is part of its answer.
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers, flat=is_protocol_path(request))
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path only; a path served by several (PUT and
+            # DELETE of a model's rollout) allows them all.
+            allowed = _allowed(request, (headers or {}).get("Allow"))
+            headers = {**(headers or {}), **({"Allow": allowed} if allowed else {})}
+        return error_response(exc.status_code, code, str(exc.detail), headers, flat=is_protocol_path(request))
 
     @app.exception_handler(redis.exceptions.RedisError)
     async def redis_error(request: Request, exc: Exception) -> JSONResponse:
@@ -110,3 +117,21 @@ def install(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))
+
+
+def _allowed(request: Request, given: str | None) -> str | None:
+    """The methods /openapi.json declares on the request's path, the most literal template first (/v1/models/reload
+    before /v1/models/{model}); HEAD wherever GET is, as Starlette answers. Starlette's own ``given`` names only the
+    first route on the path, not a second one (PUT and DELETE of a model's rollout); a path the document lacks
+    keeps it."""
+    paths: dict[str, dict[str, object]] = request.app.openapi().get("paths", {})
+    matching = [
+        template
+        for template in paths
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), request.url.path)
+    ]
+    if not matching:
+        return given
+    template = min(matching, key=lambda t: (t.count("{"), t))
+    methods = {method.upper() for method in paths[template]}
+    return ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))

@@ -31,8 +31,8 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.connected = asyncio.Event()
-        # Told the model of each rollback event (api/versions.py reads its versions afresh at once).
-        self.on_rollback: Callable[[str], None] | None = None
+        # Told the model of each rollback or rollout event (api/versions.py reads its versions afresh at once).
+        self.on_routing_change: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         self._stopping = False
@@ -115,8 +115,8 @@ class EventHub:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event %r", data[:200])
             return
-        if event.get("kind") == "rollback" and self.on_rollback is not None:
-            self.on_rollback(str(event.get("model")))
+        if event.get("kind") in ("rollback", "rollout") and self.on_routing_change is not None:
+            self.on_routing_change(str(event.get("model")))
         if not waiters:
             return
         ended = event.get("status") in TERMINAL

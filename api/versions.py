@@ -3,7 +3,8 @@ the versions that are serving.
 
 A version serves once a worker registered on its queue (RQ's worker registry): a worker registers only after its
 model loaded and passed its warm-up, so a version that fails either never gets an unpinned job. Without a
-``rollout.traffic`` in the model's config, the highest serving version takes every unpinned submit (Triton's
+``rollout.traffic`` in the model's config (or set through the API, ``PUT /v1/models/{m}/rollout``, which stands
+over the config's), the highest serving version takes every unpinned submit (Triton's
 "latest" policy); with one, the serving versions share them in proportion. When no version serves (a cold start),
 the shares as configured decide, and the jobs wait in that version's queue for its worker.
 
@@ -20,13 +21,14 @@ import math
 import time
 from collections.abc import Awaitable
 from collections.abc import Set as AbstractSet
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
 from inferq.shared.lifecycle import layout
-from inferq.shared.models import ModelConfig, ModelRepository
-from inferq.shared.versions import read_rollbacks, read_states
+from inferq.shared.models import ModelConfig, ModelRepository, Rollout
+from inferq.shared.versions import RolledBack, VersionState, read_rollbacks, read_rollout, read_states
 
 # How long a read of which versions serve is reused: a new worker takes traffic within this, plus its start.
 LIVE_CACHE_S = 1.0
@@ -50,14 +52,15 @@ def shares_of(
     serving: set[int],
     rolled_back: AbstractSet[int] = frozenset(),
     ramped_for_s: float | None = None,
+    rollout: Rollout | None | Literal["config"] = "config",
 ) -> dict[int, float]:
-    """The shares unpinned submits follow: the configured traffic among the serving versions (all of them when none
-    serves); without traffic, the highest serving version (the highest of all when none serves). A rolled-back
-    version counts as not serving while another serves (with none left, the rollbacks are set aside). A ramped
-    version (``rollout.ramp``), once it serves, takes its step's share (``ramped_for_s``: since it first served) and
-    the others share the rest; until then it takes none."""
-    latest = max(versions)
-    rollout = versions[latest].rollout  # the model's own config.json's: every version's config carries it
+    """The shares unpinned submits follow: the traffic of ``rollout`` (by default the model's config.json's) among the
+    serving versions (all of them when none serves); without traffic, the highest serving version (the highest of
+    all when none serves). A rolled-back version counts as not serving while another serves (with none left, the
+    rollbacks are set aside). A ramped version, once it serves, takes its step's share (``ramped_for_s``: since
+    its ramp started) and the others share the rest; until then it takes none."""
+    if rollout == "config":
+        rollout = versions[max(versions)].rollout  # the model's own config.json's: every version's config carries it
     traffic = rollout.traffic if rollout is not None else None
     ramp = rollout.ramp if rollout is not None else None
     usable = (serving - rolled_back) or serving
@@ -73,6 +76,46 @@ def shares_of(
     total = sum(rest.values())
     shares = {v: (1.0 - share) * s / total for v, s in rest.items()}
     return {ramp.version: share, **shares} if share > 0 else shares
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What a model's unpinned submits follow now, as read from Redis (``read_routing``)."""
+
+    rollout: Rollout | None
+    set_by: Literal["config", "api"]  # the model's config.json, or an operator through PUT /v1/models/{m}/rollout
+    told: dict[int, VersionState | None]
+    rolled_back: dict[int, RolledBack]
+    ramp_since: float | None  # when its ramp started counting: its version first served, or (set later) was set
+
+    def shares(self, versions: dict[int, ModelConfig], serving: set[int]) -> dict[int, float]:
+        since = None if self.ramp_since is None else time.time() - self.ramp_since
+        return shares_of(versions, serving, set(self.rolled_back), since, self.rollout)
+
+
+async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]) -> Routing:
+    """A model's rollout (the one set through the API over its config.json's), its versions' told states and
+    standing rollbacks, and when its ramp started: one round trip on the API's auto-pipelined client."""
+    served = [c.served for c in versions.values()]
+    told, rollbacks, override = await asyncio.gather(
+        read_states(client, served), read_rollbacks(client, served), read_rollout(client, model)
+    )
+    configured = versions[max(versions)].rollout
+    rollout = configured if override is None else override.over(configured)
+    ramp = rollout.ramp if rollout is not None else None
+    since = None
+    if ramp is not None and ramp.version in versions:
+        state = told[versions[ramp.version].served]
+        since = state.ready_since if state is not None else None
+        if since is not None and override is not None and override.ramp is not None:
+            since = max(since, override.at)  # a ramp set while its version served counts from when it was set
+    return Routing(
+        rollout,
+        "config" if override is None else "api",
+        {v: told[c.served] for v, c in versions.items()},
+        {v: r for v, c in versions.items() if (r := rollbacks[c.served]) is not None},
+        since,
+    )
 
 
 def _shares(
@@ -96,8 +139,8 @@ class VersionRouter:
         self.repository = repository
         self._versions = {name: repository.versions(name) for name in repository.models()}
         self._submits: dict[str, int] = {}
-        # model -> (read at, versions serving, versions rolled back, when its ramped version first served)
-        self._serving: dict[str, tuple[float, set[int], set[int], float | None]] = {}
+        # model -> (read at, versions serving, its routing)
+        self._serving: dict[str, tuple[float, set[int], Routing]] = {}
 
     def versions(self, model: str) -> dict[int, ModelConfig]:
         return self._versions.get(model, {})
@@ -112,40 +155,32 @@ class VersionRouter:
             return versions[pinned]
         if len(versions) == 1:
             return next(iter(versions.values()))
-        serving, rolled_back = await self.serving(client, model)
-        started = self._serving[model][3]
-        shares = shares_of(versions, serving, rolled_back, None if started is None else time.time() - started)
+        serving, routing = await self.serving(client, model)
+        shares = routing.shares(versions, serving)
         if len(shares) == 1:
             return versions[next(iter(shares))]
         n = self._submits[model] = self._submits.get(model, 0) + 1
         return versions[pick(shares, n)]
 
-    async def serving(self, client: Any, model: str) -> tuple[set[int], set[int]]:
-        """The versions of ``model`` with a live worker, and those rolled back, as read at most LIVE_CACHE_S ago (or
-        since the last rollback event, ``forget``)."""
+    async def serving(self, client: Any, model: str) -> tuple[set[int], Routing]:
+        """The versions of ``model`` with a live worker, and its routing, as read at most LIVE_CACHE_S ago (or since
+        the last rollback or rollout change, ``forget``)."""
         now = time.monotonic()
         cached = self._serving.get(model)
         if cached is not None and now - cached[0] < LIVE_CACHE_S:
             return cached[1], cached[2]
         versions = self.versions(model)
-        counts = await asyncio.gather(
-            *(live_workers_async(client, keys.queue_name(c.served)) for c in versions.values())
+        counts, routing = await asyncio.gather(
+            asyncio.gather(*(live_workers_async(client, keys.queue_name(c.served)) for c in versions.values())),
+            read_routing(client, model, versions),
         )
         live = {v for v, count in zip(versions, counts, strict=True) if count}
-        told = await read_rollbacks(client, [c.served for c in versions.values()])
-        rolled_back = {c.version for c in versions.values() if told[c.served] is not None}
-        latest = versions[max(versions)]
-        ramp = latest.rollout.ramp if latest.rollout is not None else None
-        started = None
-        if ramp is not None and ramp.version in versions:
-            served = versions[ramp.version].served
-            state = (await read_states(client, [served]))[served]
-            started = state.ready_since if state is not None else None
-        self._serving[model] = (now, live, rolled_back, started)
-        return live, rolled_back
+        self._serving[model] = (now, live, routing)
+        return live, routing
 
     def forget(self, model: str) -> None:
-        """Read ``model``'s versions afresh on its next submit (a version of it was just rolled back)."""
+        """Read ``model``'s versions afresh on its next submit (a version of it was just rolled back, or its rollout
+        set)."""
         self._serving.pop(model, None)
 
 

@@ -22,6 +22,7 @@ from inferq.client import (
     InferqError,
     InvalidInput,
     JobFailed,
+    Model,
     PayloadTooLarge,
     QueueFull,
     TransportError,
@@ -92,8 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--version", type=int, help="the model's version to run on (default: as its traffic routes)")
     add_api_options(submit)
 
-    models = sub.add_parser("models", help="list the models the API serves (reload: have it read the repository again)")
-    models.add_argument("action", nargs="?", choices=("list", "reload"), default="list")
+    models = sub.add_parser(
+        "models",
+        help="list the models the API serves (reload: have it read the repository again; rollout: share a model's "
+        "submits between its versions)",
+        description="inferq models [list]; inferq models reload; inferq models rollout MODEL 1=90 2=10 "
+        "[--ramp 2 --steps 10,50,100 --every 600] (--clear: back to its config.json's)",
+    )
+    models.add_argument("action", nargs="?", choices=("list", "reload", "rollout"), default="list")
+    models.add_argument("model", nargs="?", help="rollout: the model")
+    models.add_argument("traffic", nargs="*", metavar="VERSION=PERCENT", help="rollout: percent per version")
+    models.add_argument("--ramp", type=int, metavar="VERSION", help="rollout: the version to ramp up")
+    models.add_argument("--steps", default="10,50,100", help="rollout: the ramp's percents, comma-separated")
+    models.add_argument("--every", type=float, default=600.0, metavar="S", help="rollout: seconds per ramp step")
+    models.add_argument("--clear", action="store_true", help="rollout: go back to the model's config.json's")
     add_api_options(models)
     add_api_options(bulk_cli.add_parser(sub))
     return parser
@@ -374,7 +387,49 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _traffic(shares: list[str]) -> dict[int, float]:
+    """``["1=90", "2=10"]`` as {1: 90.0, 2: 10.0}; a usage error (exit 2) for anything else."""
+    out = {}
+    for share in shares:
+        version, _, percent = share.partition("=")
+        try:
+            out[int(version)] = float(percent)
+        except ValueError:
+            raise AppError(f"a share is VERSION=PERCENT, such as 2=10: got {share!r}") from None
+    return out
+
+
+def _rollout(args: argparse.Namespace, client: Client) -> Model:
+    if not args.model:
+        raise AppError("inferq models rollout needs the model: inferq models rollout MODEL 1=90 2=10")
+    if args.clear:
+        return client.clear_rollout(args.model)
+    if not args.traffic and args.ramp is None:
+        raise AppError("give shares (1=90 2=10), a ramp (--ramp 2), both, or --clear")
+    ramp = None
+    if args.ramp is not None:
+        try:
+            steps = [float(step) for step in args.steps.split(",")]
+        except ValueError:
+            raise AppError(f"--steps takes percents, comma-separated, such as 10,50,100: got {args.steps!r}") from None
+        ramp = {"version": args.ramp, "steps": steps, "interval_s": args.every}
+    return client.set_rollout(args.model, _traffic(args.traffic) or None, ramp)
+
+
+def _shown_rollout(rollout: dict[str, Any]) -> str:
+    """``traffic 1=90 2=10, ramp version 2 10/50/100% every 600 s``; ``latest`` without either."""
+    parts = []
+    if rollout.get("traffic"):
+        parts.append("traffic " + " ".join(f"{v}={share:g}" for v, share in rollout["traffic"].items()))
+    if ramp := rollout.get("ramp"):
+        steps = "/".join(f"{step:g}" for step in ramp["steps"])
+        parts.append(f"ramp version {ramp['version']} {steps}% every {ramp['interval_s']:g} s")
+    return ", ".join(parts) or "the highest version that serves takes every unpinned submit"
+
+
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action != "rollout" and (args.model or args.traffic):
+        raise AppError(f"inferq models {args.action} takes no model (rollout does)")
     with _client(args, timeout=10) as client:
         try:
             if args.action == "reload":
@@ -382,23 +437,33 @@ def cmd_models(args: argparse.Namespace) -> int:
                 for kind, names in changes.items():
                     print(f"{kind:<8} {', '.join(names) or '-'}")
                 return 0
-            listing = client.models()
+            if args.action == "rollout":
+                models = [_rollout(args, client)]
+                invalid = []
+            else:
+                listing = client.models()
+                models, invalid = listing.models, listing.invalid
         except InferqError as exc:
             raise _whole_command_error(exc, client.base_url) from None
-    for model in listing.models:
+    for model in models:
         spec = model.input
         shape = spec.get("size") or spec.get("shape") or (f"<={spec['max_chars']} chars" if "max_chars" in spec else "")
         print(
             f"{model.name:<20} {spec['kind']:<7} {shape!s:<16} max_batch={model.max_batch:<5} "
             f"queued={model.queue_length:<6} workers={model.workers}"
         )
-        if len(model.versions) > 1:
+        rollout = model.rollout or {}
+        if len(model.versions) > 1 or rollout.get("set_by") == "api":
+            print(
+                f"  rollout ({'set through the API' if rollout.get('set_by') == 'api' else 'config.json'}): "
+                f"{_shown_rollout(rollout)}"
+            )
             for v in model.versions:
                 back = f"  rolled back: {v.rolled_back['reason']}" if v.rolled_back else ""
                 why = f" ({v.reason})" if v.reason else ""
                 print(f"  version {v.version:<4} {v.state}{why}  share={v.share:g}%  workers={v.workers}{back}")
-    for invalid in listing.invalid:
-        print(f"{invalid.name:<20} not served: {invalid.error}")
+    for left_out in invalid:
+        print(f"{left_out.name:<20} not served: {left_out.error}")
     return 0
 
 

@@ -200,6 +200,18 @@ class Client(BulkMethods):
         """One model; ``NotFound`` if the API does not serve it."""
         return self._run(flows.model(self, name))
 
+    def set_rollout(
+        self, name: str, traffic: dict[int, float] | None = None, ramp: dict[str, Any] | None = None
+    ) -> Model:
+        """Share the model's unpinned submits between its versions, over its config.json's rollout: ``traffic``
+        percent per version (``{1: 90, 2: 10}``), a ``ramp`` (``{"version": 2, "steps": [10, 50, 100],
+        "interval_s": 600}``), or both. Returns the model as it is now routed."""
+        return self._run(flows.set_rollout(self, name, traffic, ramp))
+
+    def clear_rollout(self, name: str) -> Model:
+        """Go back to the rollout of the model's config.json; ``NotFound`` if none was set through the API."""
+        return self._run(flows.clear_rollout(self, name))
+
 
 class AsyncClient(AsyncBulkMethods):
     """The same client for asyncio: every method of ``Client``, awaited; ``events()`` is an async iterator."""
@@ -296,6 +308,16 @@ class AsyncClient(AsyncBulkMethods):
     async def model(self, name: str) -> Model:
         """One model; ``NotFound`` if the API does not serve it."""
         return await self._run(flows.model(self, name))
+
+    async def set_rollout(
+        self, name: str, traffic: dict[int, float] | None = None, ramp: dict[str, Any] | None = None
+    ) -> Model:
+        """Share the model's unpinned submits between its versions; as ``Client.set_rollout``."""
+        return await self._run(flows.set_rollout(self, name, traffic, ramp))
+
+    async def clear_rollout(self, name: str) -> Model:
+        """Go back to the rollout of the model's config.json; as ``Client.clear_rollout``."""
+        return await self._run(flows.clear_rollout(self, name))
 
 
 def verify_webhook(secret: str | bytes, headers: Mapping[str, str], body: bytes | str, tolerance_s: int = 300) -> Job:

@@ -240,6 +240,21 @@ def reload_models(base: Base) -> Flow[dict[str, list[str]]]:
     return dict((yield from send(base, Call("POST", "/v1/models/reload"))).json())
 
 
+def set_rollout(base: Base, name: str, traffic: dict[int, float] | None, ramp: dict[str, Any] | None) -> Flow[Model]:
+    """``Client.set_rollout``: safe to send twice (the same rollout again)."""
+    body: dict[str, Any] = {} if ramp is None else {"ramp": ramp}
+    if traffic is not None:
+        body["traffic"] = {str(v): s for v, s in traffic.items()}
+    call = Call("PUT", f"/v1/models/{name}/rollout", json=body)
+    return Model.from_dict((yield from send(base, call)).json())
+
+
+def clear_rollout(base: Base, name: str) -> Flow[Model]:
+    """``Client.clear_rollout``."""
+    call = Call("DELETE", f"/v1/models/{name}/rollout", repeatable=False)
+    return Model.from_dict((yield from send(base, call)).json())
+
+
 def model(base: Base, name: str) -> Flow[Model]:
     """``Client.model``."""
     return Model.from_dict((yield from send(base, Call("GET", f"/v1/models/{name}"))).json())

@@ -242,6 +242,8 @@ class Model:
     queue_lengths: dict[str, int] = field(default_factory=dict)
     workers: int = 0
     versions: list[ModelVersion] = field(default_factory=list)
+    # What its unpinned submits follow: traffic (percent per version), ramp, set_by ("config" or "api").
+    rollout: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Model:

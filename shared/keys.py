@@ -76,6 +76,15 @@ def rollback_key(served: str) -> str:
     return f"{PREFIX}:rollback:{served}"
 
 
+def rollout_key(model: str) -> str:
+    """A model's traffic and ramp as set through the API (PUT /v1/models/{m}/rollout): over its config.json's."""
+    return f"{PREFIX}:rollout:{model}"
+
+
+# A rollout set through the API lasts this long after an API process last read it (each reads it every second or
+# so while it serves the model, and renews it): it outlives restarts, and is gone a month after the last API.
+ROLLOUT_TTL_S = 30 * 86_400
+
 # A rollback stands this long unless restored (POST /v1/models/{m}/versions/{v}/restore) or new weights load.
 ROLLBACK_TTL_S = 7 * 86_400
 

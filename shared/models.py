@@ -2,9 +2,10 @@
 
 A model may hold versions, as a Triton user would lay them out: numbered sub-folders (``1/``, ``2/``…), each with
 its own weights and, optionally, a ``config.json`` of fields that override the model's for that version. A folder
-without numbered sub-folders is version 1, its weights beside its config. Each version is served apart, under its
-*served name* (``served_name``): the model's name for version 1 (so every existing queue, metric and worker keeps
-its name), ``<model>@<version>`` for the others. The repository is keyed by served names.
+without numbered sub-folders is version 1, its weights beside its config; so is one whose weights are beside its
+config while it has no ``1/`` (``folder_versions``): a new version is one new folder. Each version is served
+apart, under its *served name* (``served_name``): the model's name for version 1 (so every existing queue, metric
+and worker keeps its name), ``<model>@<version>`` for the others. The repository is keyed by served names.
 
 This module reads configs only; it never imports torch (the API uses it too).
 """
@@ -16,7 +17,7 @@ import json
 import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -57,15 +58,9 @@ class Ramp(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     version: int = Field(ge=1)
-    steps: list[float] = Field(min_length=1)
+    # Percent, 0 to 100, one per step.
+    steps: list[Annotated[float, Field(ge=0, le=100)]] = Field(min_length=1)
     interval_s: float = Field(default=60.0, gt=0)
-
-    @field_validator("steps")
-    @classmethod
-    def _percent(cls, steps: list[float]) -> list[float]:
-        if any(not 0 <= step <= 100 for step in steps):
-            raise ValueError("ramp steps are percentages, 0 to 100")
-        return steps
 
     def share(self, since_s: float) -> float:
         """The ramped version's share (0 to 1) ``since_s`` seconds after it first served."""
@@ -148,6 +143,28 @@ def version_folders(folder: Path) -> dict[int, Path]:
     """A model folder's version sub-folders by number; empty for a model without versions (its version 1 is the
     folder itself)."""
     return {int(sub.name): sub for sub in sorted(folder.iterdir()) if sub.is_dir() and VERSION_RE.match(sub.name)}
+
+
+def folder_versions(folder: Path) -> list[int | None]:
+    """The versions a model folder holds, as ``load_model_config`` takes them: each numbered sub-folder, and the
+    folder itself (None) as version 1 when it has no ``1/`` but holds the weights its config names, so a version 2
+    is added beside the weights that serve today with one new folder, and retired by removing them. A folder
+    without numbered sub-folders is version 1 whatever it holds (its missing weights are the worker's error)."""
+    numbered: list[int | None] = list(version_folders(folder))
+    if not numbered:
+        return [None]
+    if 1 not in numbered and _own_weights(folder):
+        return [None, *numbered]
+    return numbered
+
+
+def _own_weights(folder: Path) -> bool:
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    weights = raw.get("weights", "model.pt") if isinstance(raw, dict) else None
+    return isinstance(weights, str) and bool(weights) and (folder / weights).exists()
 
 
 def load_model_config(folder: Path, version: int | None = None) -> ModelConfig:
@@ -247,6 +264,7 @@ def repository_signature(models_dir: Path) -> tuple[tuple[str, int, int], ...]:
                 seen.append((str(path.relative_to(models_dir)), stat.st_mtime_ns, stat.st_size))
             except OSError:
                 seen.append((str(path.relative_to(models_dir)), 0, -1))  # a version folder without its own config
+        seen.append((f"{folder.name} serves its own weights", int(None in folder_versions(folder)), 0))
     return tuple(seen)
 
 
@@ -263,8 +281,7 @@ def load_model_configs(models_dir: Path, redis_shards: Collection[str] = ()) -> 
     for folder in sorted(models_dir.iterdir()):
         if not (folder / "config.json").is_file():
             continue
-        numbered: list[int | None] = list(version_folders(folder))
-        for version in numbered or [None]:
+        for version in folder_versions(folder):
             served = served_name(folder.name, version or 1)
             try:
                 config = load_model_config(folder, version)

@@ -5,7 +5,9 @@ registered on its queue, which a worker does only after it is ready (api/version
 
 And its rollback: a version of a model with several whose recent jobs fail too often, or whose warm-up fails on a
 new worker, is rolled back by the system itself (``judge``, ``roll_back``): the API routes no unpinned job to it
-while the record stands (``read_rollbacks``), until it is restored (``restore``) or a worker loads other weights."""
+while the record stands (``read_rollbacks``), until it is restored (``restore``) or a worker loads other weights.
+
+And the traffic and ramp an operator sets through the API (``set_rollout``), over the model's config.json's."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from redis.exceptions import RedisError
 
 from inferq.shared import keys
 from inferq.shared.lifecycle import scripts
-from inferq.shared.models import ModelConfig
+from inferq.shared.models import ModelConfig, Ramp, Rollback, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +163,48 @@ async def restore(client: Any, served: str) -> bool:
     stood = await cast(Awaitable[int], client.exists(keys.rollback_key(served)))
     await cast(Awaitable[int], client.delete(keys.rollback_key(served), keys.outcomes_key(served)))
     return bool(stood)
+
+
+@dataclass(frozen=True)
+class RolloutSet:
+    """A model's traffic and ramp as an operator set them through the API, over its config.json's, and when."""
+
+    traffic: dict[int, float] | None
+    ramp: Ramp | None
+    at: float
+
+    def over(self, config: Rollout | None) -> Rollout:
+        """The rollout submits follow: this traffic and ramp, the config's rollback (the workers judge by it)."""
+        rollback = config.rollback if config is not None else Rollback()
+        return Rollout(traffic=self.traffic, ramp=self.ramp, rollback=rollback)
+
+
+async def set_rollout(client: Any, model: str, traffic: dict[int, float] | None, ramp: Ramp | None) -> RolloutSet:
+    """Set a model's traffic and ramp for every API process (each reads it within a second)."""
+    told = RolloutSet(traffic, ramp, time.time())
+    value = {
+        "traffic": None if traffic is None else {str(v): s for v, s in traffic.items()},
+        "ramp": None if ramp is None else ramp.model_dump(mode="json"),
+        "at": told.at,
+    }
+    await cast(Awaitable[Any], client.set(keys.rollout_key(model), json.dumps(value), ex=keys.ROLLOUT_TTL_S))
+    return told
+
+
+async def read_rollout(client: Any, model: str) -> RolloutSet | None:
+    """The rollout set through the API for ``model`` (None: its config.json's holds), renewed for another TTL."""
+    raw = await cast(Awaitable[bytes | None], client.getex(keys.rollout_key(model), ex=keys.ROLLOUT_TTL_S))
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+        rollout = Rollout(traffic=value.get("traffic"), ramp=value.get("ramp"))
+        return RolloutSet(rollout.traffic, rollout.ramp, float(value["at"]))
+    except (ValueError, TypeError, KeyError) as exc:  # written by another version of inferq: the config's holds
+        log.warning("model %s: its rollout set through the API is unreadable (%s); its config.json's holds", model, exc)
+        return None
+
+
+async def clear_rollout(client: Any, model: str) -> bool:
+    """Go back to the model's config.json's traffic and ramp: True if a rollout set through the API stood."""
+    return bool(await cast(Awaitable[int], client.delete(keys.rollout_key(model))))

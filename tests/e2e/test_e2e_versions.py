@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -22,6 +23,7 @@ import torch
 import tritonclient.http as triton
 
 from inferq.client import Client
+from inferq.shared.redis_server import free_port
 from inferq.workers.formats import save_export
 from tests.support.echo import POISON
 from tests.support.stack import Stack, new_stack, serving
@@ -135,6 +137,66 @@ def test_versions_split_by_their_shares_and_each_job_names_its_version_and_weigh
                 answer = client.infer("scale", [tensor], model_version=version)
                 assert answer.get_response()["model_version"] == version
                 assert answer.as_numpy("output").tolist() == [1.5 * int(version), 2.5 * int(version)]
+
+
+def test_an_operator_sets_the_traffic_through_the_api_and_every_api_process_follows_it(tmp_path: Path) -> None:
+    """PUT /v1/models/{m}/rollout stands over config.json's rollout in every API process (here a second one), with
+    the key; DELETE goes back to the config's. The SDK and `inferq models rollout` do the same."""
+    stack = new_stack(tmp_path, INFERQ_API_KEYS="k1")
+    model = write_model(stack.models_dir)  # no rollout: the highest version takes every unpinned submit
+    write_version(model, 1, 1.0)
+    write_version(model, 2, 2.0)
+    key = {"Authorization": "Bearer k1"}
+    with serving(stack):
+        stack.start_api()
+        other = f"http://127.0.0.1:{free_port()}"
+        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
+        stack.start_worker("scale", name="v1")
+        stack.start_worker("scale@2", name="v2")
+        stack.wait_for_worker("scale")
+        stack.wait_for_worker("scale@2")
+        wait_until(lambda: httpx.get(f"{other}/readyz", timeout=5).status_code == 200, 30, "the second API")
+
+        def versions_of(base: str, count: int) -> Counter[int]:
+            with Client(base, api_key="k1") as client:
+                return Counter(client.run("scale", inputs=[1.0, 1.0], timeout=30).version for _ in range(count))
+
+        assert versions_of(other, 20) == {2: 20}
+        body = {"traffic": {"1": 70, "2": 30}}
+        assert httpx.put(f"{stack.base}/v1/models/scale/rollout", json=body).status_code == 401
+        bad = httpx.put(f"{stack.base}/v1/models/scale/rollout", json={"traffic": {"1": -5}}, headers=key)
+        assert bad.status_code == 422 and "traffic" in bad.text
+        empty = httpx.put(f"{stack.base}/v1/models/scale/rollout", json={}, headers=key)
+        assert empty.status_code == 422 and "give traffic, a ramp or both" in empty.text
+        answer = httpx.put(f"{stack.base}/v1/models/scale/rollout", json=body, headers=key, timeout=10)
+        assert answer.status_code == 200, answer.text
+        set_ = answer.json()
+        assert set_["rollout"]["set_by"] == "api" and set_["rollout"]["traffic"] == {"1": 70.0, "2": 30.0}
+        assert [v["share"] for v in set_["versions"]] == [70.0, 30.0]
+        assert stack.redis().ttl("inferq:rollout:scale") > 29 * 86_400  # renewed by each API's reads
+        told = f"{other}/v1/models/scale"
+        wait_until(lambda: httpx.get(told, headers=key).json()["rollout"]["set_by"] == "api", 10, "the second API")
+        split = versions_of(other, 100)  # the second API process routes by it too
+        assert abs(split[2] - 30) <= 2 and split[1] + split[2] == 100, split
+
+        cli = subprocess.run(
+            [sys.executable, "-m", "inferq", "models", "rollout", "scale", "1=100", "--api", other, "--api-key", "k1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "rollout (set through the API): traffic 1=100" in cli.stdout, cli.stdout
+        wait_until(lambda: versions_of(stack.base, 5) == {1: 5}, 10, "the first API to follow the CLI's rollout")
+        with Client(stack.base, api_key="k1") as client:
+            cleared = client.clear_rollout("scale")
+            assert cleared.rollout is not None and cleared.rollout["set_by"] == "config"
+            assert [v.share for v in cleared.versions] == [0.0, 100.0]
+        wait_until(lambda: versions_of(other, 5) == {2: 5}, 10, "the second API back on the config's rollout")
+        again = httpx.delete(f"{stack.base}/v1/models/scale/rollout", headers=key)
+        assert again.status_code == 404 and "config.json's holds" in again.text
+        ttl = stack.redis().ttl("inferq:rollout:scale")
+        assert ttl == -2  # cleared: nothing left behind
 
 
 def test_a_version_that_fails_to_load_gets_no_job_and_says_why(tmp_path: Path) -> None:
@@ -262,6 +324,7 @@ def echo_versions(models_dir: Path, rollout: dict[str, Any]) -> None:
     (model / "config.json").write_text(json.dumps(config))
 
 
+@pytest.mark.timeout(900)  # 5,000 jobs: about a minute on 2 idle cores, several on a loaded one
 def test_a_ramp_to_10_percent_over_5000_jobs_sends_10_percent_and_each_runs_where_its_view_says(tmp_path: Path) -> None:
     stack = new_stack(tmp_path, INFERQ_TEST_SLOW_S="0")
     echo_versions(stack.models_dir, {"ramp": {"version": 2, "steps": [10], "interval_s": 3600}})
@@ -336,6 +399,24 @@ def test_a_model_dropped_into_the_repository_is_served_without_restarting_the_ap
         assert api.poll() is None and stack.procs[0] is api  # the same API process throughout
         (stack.models_dir / "later" / "config.json").unlink()
         wait_until(lambda: httpx.post(url, json={"inputs": [1, 1]}).status_code == 404, 30, "the model removed")
+
+
+def test_a_submit_naming_a_version_or_model_added_a_moment_ago_is_taken_before_the_next_look(tmp_path: Path) -> None:
+    """A pinned submit to a version (or a model) the API does not know has it look at the repository at once: the
+    README's rollout pins version 2 right after writing it, long before a slow poll would see it."""
+    stack = new_stack(tmp_path, INFERQ_MODELS_POLL_S="3600", INFERQ_TEST_SLOW_S="0")
+    _echo_model(stack.models_dir / "echoes")
+    with serving(stack):
+        stack.start_api()
+        url = f"{stack.base}/v1/models/echoes/jobs"
+        assert httpx.post(url, json={"inputs": [1, 1]}, params={"version": 2}).status_code == 404
+        (stack.models_dir / "echoes" / "2").mkdir()
+        (stack.models_dir / "echoes" / "1").mkdir()  # the folder's own (no weights) version 1 moves to 1/
+        time.sleep(0.6)  # past the look the 404 above made (a look that finds nothing new waits 0.5 s for the next)
+        pinned = httpx.post(url, json={"inputs": [1, 1]}, params={"version": 2})
+        assert pinned.status_code == 202 and pinned.json()["version"] == 2, pinned.text
+        _echo_model(stack.models_dir / "later")
+        assert httpx.post(f"{stack.base}/v1/models/later/jobs", json={"inputs": [1, 1]}).status_code == 202
 
 
 def test_inferq_models_reload_reads_the_repository_at_once(tmp_path: Path) -> None:

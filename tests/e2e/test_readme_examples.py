@@ -27,6 +27,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.docs import Example, bash_commands, blocks
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
@@ -66,70 +67,6 @@ RUN = ("curl ", "printf ", ".venv/bin/inferq ", ".venv/bin/rq info ")
 SERVED = ("digits", "langid", "tiny-onnx")
 
 
-@dataclass(frozen=True)
-class Example:
-    """One bash command (its continuation lines joined) or one python snippet of a document."""
-
-    source: str  # the document, relative to the repository's root
-    line: int
-    kind: str
-    code: str
-    # The comment lines after it that show its answer, and its own trailing comment.
-    shown: tuple[str, ...] = ()
-    note: str = ""
-
-    @property
-    def id(self) -> str:
-        first = self.code.splitlines()[0]
-        document = re.sub(r"[^A-Za-z0-9]+", "-", self.source.removeprefix("docs/").removesuffix(".md"))
-        return f"{document}-line{self.line}-{re.sub(r'[^A-Za-z0-9]+', '-', first)[:40].strip('-')}"
-
-    @property
-    def where(self) -> str:
-        return f"{self.source} line {self.line}"
-
-
-def blocks(text: str) -> Iterator[tuple[str, int, list[str]]]:
-    """(language, line of the first code line, lines) of each fenced block."""
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("```"):
-            language, start = lines[i][3:].strip(), i + 2
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            yield language, start, lines[i + 1 : end]
-            i = end
-        i += 1
-
-
-def bash_commands(source: str, start: int, lines: list[str]) -> Iterator[Example]:
-    i = 0
-    while i < len(lines):
-        if not lines[i].strip() or lines[i].lstrip().startswith("#"):
-            i += 1
-            continue
-        first, parts = i, [lines[i]]
-        # Continued with a backslash, or (the CLI's synopsis) wrapped onto an indented line.
-        while parts[-1].endswith("\\") or (i + 1 < len(lines) and lines[i + 1].startswith(" ")):
-            i += 1
-            parts.append(lines[i])
-        heredoc = re.search(r"<<'?(\w+)'?", parts[0])
-        if heredoc:
-            while lines[i].strip() != heredoc.group(1):
-                i += 1
-                parts.append(lines[i])
-        i += 1
-        shown = []
-        while i < len(lines) and lines[i].lstrip().startswith("#"):
-            shown.append(lines[i].lstrip()[1:].strip())
-            i += 1
-        last, note = parts[-1], ""
-        comment = re.search(r"\s+#\s.*$", last) if not heredoc else None
-        if comment:
-            parts[-1], note = last[: comment.start()], comment.group().strip()[1:].strip()
-        yield Example(source, start + first, "bash", "\n".join(parts), tuple(shown), note)
-
-
 def nav_pages(nav: Any) -> Iterator[str]:
     """The pages of mkdocs.yml's nav, in its order."""
     if isinstance(nav, str):
@@ -152,9 +89,9 @@ def documents() -> list[str]:
 def examples() -> list[Example]:
     found = []
     for source in documents():
-        for language, start, lines in blocks((ROOT / source).read_text()):
+        for language, start, lines, marked in blocks((ROOT / source).read_text()):
             if language == "bash":
-                found += bash_commands(source, start, lines)
+                found += bash_commands(source, start, lines, marked)
             elif language == "python":
                 found.append(Example(source, start, "python", "\n".join(lines)))
     return found
@@ -165,6 +102,8 @@ UNKNOWN = "unknown"
 
 def reason_not_run(example: Example) -> str | None:
     """Why an example is not run; None for one that is, UNKNOWN for one this file does not know."""
+    if example.walk_through:
+        return f"a step of a walk-through that {example.walk_through} runs in order under inferq up"
     if example.kind == "python" or example.code.startswith(RUN):
         return None
     return next((reason for prefix, reason in NOT_RUN if example.code.startswith(prefix)), UNKNOWN)

@@ -11,7 +11,7 @@ import pytest
 
 from inferq.api.versions import pick, shares_of
 from inferq.shared.keys import model_from_queue, queue_name, served_name, split_served
-from inferq.shared.models import ModelConfig, Rollout, load_model_configs, weights_sha256
+from inferq.shared.models import ModelConfig, Rollout, load_model_configs, repository_signature, weights_sha256
 
 TENSOR = {"handler": "tensor", "input": {"kind": "tensor", "shape": [2]}, "weights": "w.bin"}
 
@@ -47,6 +47,24 @@ def test_numbered_folders_are_versions_each_with_its_overrides(tmp_path: Path) -
     assert "rollout is the model's" in repo.invalid["m@3"]
     assert (repo["plain"].version, repo["plain"].path) == (1, tmp_path / "plain")
     assert weights_sha256(one) != weights_sha256(two)
+
+
+def test_the_weights_beside_the_config_stay_version_1_when_a_version_2_is_added(tmp_path: Path) -> None:
+    """A rollout starts with one new folder: the weights that serve today stay version 1 until they are removed."""
+    write(tmp_path / "m", TENSOR, b"today")
+    before = repository_signature(tmp_path)
+    write(tmp_path / "m" / "2", weights=b"new")
+    repo = load_model_configs(tmp_path)
+    assert sorted(repo) == ["m", "m@2"]
+    assert (repo["m"].path, repo["m@2"].path) == (tmp_path / "m", tmp_path / "m" / "2")
+    with_two = repository_signature(tmp_path)
+    assert with_two != before
+    (tmp_path / "m" / "w.bin").unlink()  # version 1 retired: its weights removed
+    assert sorted(load_model_configs(tmp_path)) == ["m@2"]
+    assert repository_signature(tmp_path) != with_two  # the API reads the repository again
+    write(tmp_path / "m", weights=b"back")
+    write(tmp_path / "m" / "1", weights=b"one")  # a 1/ folder is version 1: the weights beside the config are not
+    assert load_model_configs(tmp_path)["m"].path == tmp_path / "m" / "1"
 
 
 def test_a_models_versions_must_share_its_redis(tmp_path: Path) -> None:
