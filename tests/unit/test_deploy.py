@@ -28,9 +28,11 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from inferq import manifests
 from inferq.api.app import create_app
 from inferq.cli import build_parser
 from inferq.shared import keys
+from inferq.shared.errors import AppError
 from inferq.shared.lifecycle import layout
 from inferq.shared.settings import PREFIX, Settings, unknown_variables
 from tests.support.manifests import K8S, documents, kustomization, objects, of_kind, scaled_object_for, scaled_objects
@@ -554,3 +556,45 @@ def test_prometheus_accepts_the_config_and_the_dashboard_queries(tmp_path: Path)
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"{len(exprs)} rules found" in checked.stdout
+
+
+# --- a model's further versions (inferq manifests version) --------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_versions_manifests_serve_it_apart_and_validate(model: str) -> None:
+    """`inferq manifests version MODEL 2`: its own Deployment (--model MODEL@2, pods the model's Deployment does not
+    select) and a ScaledObject on version 2's own RQ keys; both valid Kubernetes and KEDA objects."""
+    rendered = [doc for doc in yaml.safe_load_all(manifests.render(K8S, model, 2)) if doc]
+    deployment, scaled = sorted(rendered, key=lambda doc: str(doc["kind"]))
+    assert (deployment["kind"], scaled["kind"]) == ("Deployment", "ScaledObject")
+    assert deployment["metadata"]["name"] == scaled["metadata"]["name"] == f"worker-{model}-v2"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert build_parser().parse_args(container["command"][1:]).model == [f"{model}@2"]
+    pods = deployment["spec"]["template"]["metadata"]["labels"]
+    first = _find("Deployment", f"worker-{model}")["spec"]["selector"]["matchLabels"]
+    assert not first.items() <= pods.items()  # version 1's workers never count version 2's pods as their own
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pods.items()
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    expected = set()
+    for lane in keys.LANES:
+        queue = layout.queue_keys(keys.queue_name(f"{model}@2", lane))
+        expected |= {queue.queue, queue.started}
+    assert {t["metadata"]["listName"] for t in scaled["spec"]["triggers"]} == expected
+    assert [f"{'.'.join(map(str, e.path))}: {e.message}" for e in _keda_validator().iter_errors(scaled)] == []
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(deployment, version, strict=True)
+
+
+def test_manifests_version_write_names_the_file_in_the_kustomization(tmp_path: Path) -> None:
+    folder = tmp_path / "kubernetes"
+    shutil.copytree(K8S, folder)
+    args = build_parser().parse_args(["manifests", "version", "digits", "3", "--dir", str(folder), "--write"])
+    assert manifests.cmd_manifests(args) == 0
+    assert manifests.cmd_manifests(args) == 0  # again: named once
+    listed = yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
+    assert listed.count("worker-digits-v3.yaml") == 1 and (folder / "worker-digits-v3.yaml").is_file()
+    with pytest.raises(AppError, match="version 1 is served by the model's own manifest"):
+        manifests.render(folder, "digits", 1)
+    with pytest.raises(AppError, match="cannot read"):
+        manifests.render(folder, "nosuch", 2)
