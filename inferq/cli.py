@@ -260,11 +260,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_wait_ms=max_wait_ms,
         name=args.name or _unique_name("+".join(names)),
     )
+    worker.on_registered = _tell_supervisor_ready
     from inferq.shared.gc_tuning import tune_for_serving
 
     tune_for_serving()  # the models are loaded: nothing they hold is walked by a collection again
     worker.work(burst=args.burst, logging_level=args.log_level)
     return 0
+
+
+def _tell_supervisor_ready() -> None:
+    """`inferq up` starts a worker that replaces one whose model changed with the write end of a pipe: told "ready"
+    once this worker takes jobs, so the old one serves until then (inferq/supervisor.py)."""
+    from inferq.supervisor import READY_FD
+
+    fd = os.environ.pop(READY_FD, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"ready\n")
+        os.close(int(fd))
+    except (OSError, ValueError) as exc:  # the supervisor is gone, or this was not its pipe: nothing waits for it
+        log.warning("could not tell inferq up that this worker is ready (%s)", exc)
 
 
 def _report_invalid(configs: ModelRepository) -> None:

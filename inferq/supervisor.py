@@ -8,11 +8,16 @@ A child that exits is started again, always: the pause before a restart doubles 
 minute, up to ``MAX_BACKOFF_S``, and the log says when the next try comes. The one exception is exit
 status 78 (a broken model or setting: its own line says why, and a restart would not change it); the
 rest keep serving. Redis itself (when ``inferq up`` started it) is restarted the same way.
+
+With a ``watch`` it follows the model repository: a worker for each new model or version, a drain for a removed
+one, and for one that changed a new worker started beside the serving one, which drains only once the new one
+tells (on a pipe) that it takes jobs; a new one that cannot start leaves the serving one as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -26,6 +31,9 @@ from inferq.shared.errors import EXIT_CONFIG
 from inferq.shared.redis_server import RedisServer, RedisServerError, die_with_parent
 
 log = logging.getLogger("inferq")
+# The environment variable that carries a replacement worker's end of its ready pipe (inferq/cli.py writes to it);
+# not an INFERQ_ name, which the settings would warn of as unknown.
+READY_FD = "_INFERQ_READY_FD"
 # Exits within this window count towards the pause before the next restart: 0 s, 1 s, 2 s, 4 s... up to
 # MAX_BACKOFF_S. A child that stayed up for a whole window starts over from 0 s.
 RESTART_WINDOW_S = 60.0
@@ -52,6 +60,11 @@ class Child:
     stopped_for: str | None = None
     # Told to serve what waits in its queues and exit (its model left the repository, or changed): never restarted.
     draining: bool = False
+    # A worker for a model that changed, started beside the one it replaces (``replaces``), which serves until this
+    # one tells it takes jobs (a line on the pipe whose read end is ``ready_fd``); if it cannot start, the old one
+    # keeps serving the model as it was.
+    replaces: Child | None = None
+    ready_fd: int | None = None
 
     @property
     def running(self) -> bool:
@@ -128,7 +141,8 @@ class Supervisor:
             self.redis.stop()
 
     def _follow_repository(self) -> None:
-        """Start the workers of new models and versions, drain those of removed ones, replace those that changed."""
+        """Start the workers of new models and versions, drain those of removed ones, replace those that changed:
+        a replacement loads beside the running worker, which drains only once the new one takes jobs."""
         assert self.watch is not None
         self._next_watch = time.monotonic() + self.watch_s
         try:
@@ -136,22 +150,80 @@ class Supervisor:
         except Exception as exc:  # a half-written config: the next look tries again
             log.warning("the model repository could not be read (%s); keeping the workers as they are", exc)
             return
-        current = {child.name: child for child in self.workers if not child.draining}
+        current = {c.name: c for c in self.workers if not c.draining and c.replaces is None}
+        pending = {c.name: c for c in self.workers if c.replaces is not None}
         for name, (command, signature) in wanted.items():
-            if name in current and self._wanted.get(name) == signature:
+            if self._wanted.get(name) == signature and (name in current or name in pending):
                 continue
-            if name in current:
-                self._drain(current[name], "its model changed; a new one takes over")
+            child = Child(name, command)
+            if name in pending:  # changed again while its replacement loaded: that one loads what is gone
+                outdated = pending[name]
+                child.replaces = outdated.replaces
+                self._abandon(outdated, "its model changed again while it loaded")
+                log.info("%s: its model changed again; a new worker loads it", name)
+            elif name in current and current[name].running:
+                child.replaces = current[name]
+                log.info("%s: its model changed; a new worker loads it, the running one serves until it is ready", name)
+            elif name in current:
+                self._drain(current[name], "its model changed")  # not running (it could not start): nothing waits
+                log.info("%s: its model changed, starting it", name)
             else:
                 log.info("%s: new in the model repository, starting it", name)
-            child = Child(name, command)
             self.workers.append(child)
             self._start(child)
             self._wanted[name] = signature
-        for name, child in current.items():
-            if name not in wanted:
-                self._drain(child, "its model left the repository")
-                self._wanted.pop(name, None)
+        for name in (set(current) | set(pending)) - set(wanted):
+            if name in pending:
+                self._abandon(pending[name], "its model left the repository")
+            if name in current:
+                self._drain(current[name], "its model left the repository")
+            self._wanted.pop(name, None)
+
+    def _abandon(self, child: Child, why: str) -> None:
+        """Stop a replacement that does not take jobs yet (nothing of it to drain)."""
+        self._close_ready(child)
+        child.replaces = None
+        child.draining = True
+        if child.running:
+            assert child.proc is not None
+            log.info("%s: the worker loading it stops (%s)", child.name, why)
+            child.proc.terminate()
+
+    def _close_ready(self, child: Child) -> None:
+        if child.ready_fd is not None:
+            os.close(child.ready_fd)
+            child.ready_fd = None
+
+    def _tend_replacements(self) -> None:
+        """A replacement that tells it is ready has the worker it replaces drain; one that exits before has it
+        serve on."""
+        for child in [c for c in self.workers if c.replaces is not None]:
+            assert child.replaces is not None
+            told = b""
+            if child.ready_fd is not None:
+                try:
+                    told = os.read(child.ready_fd, 64)
+                except BlockingIOError:
+                    told = b""
+            if b"ready" in told:
+                log.info(
+                    "%s: the new worker takes jobs; the one it replaces serves its batch in hand, then stops",
+                    child.name,
+                )
+                self._close_ready(child)
+                old, child.replaces = child.replaces, None
+                self._drain(old, "a new worker for its changed model took over")
+            elif not child.running:
+                code = child.proc.returncode if child.proc is not None else None
+                log.error(
+                    "%s: the new worker for its changed model could not start (exit status %s, its error is above); "
+                    "the running one keeps serving the model as it was",
+                    child.name,
+                    code,
+                )
+                self._close_ready(child)
+                child.replaces = None
+                self.workers.remove(child)
 
     def _drain(self, child: Child, why: str) -> None:
         """Have a worker serve what waits in its queues, then exit (SIGUSR1); it is not restarted."""
@@ -163,11 +235,24 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         child.restart_at = None
+        env = self.env
+        keep: tuple[int, ...] = ()
+        if child.replaces is not None:
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            child.ready_fd, env, keep = read, {**self.env, READY_FD: str(write)}, (write,)
         # Own session: the terminal's Ctrl-C is ours alone; die_with_parent: a killed supervisor takes them along.
-        child.proc = subprocess.Popen(child.command, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
+        try:
+            child.proc = subprocess.Popen(
+                child.command, env=env, start_new_session=True, preexec_fn=die_with_parent, pass_fds=keep
+            )
+        finally:
+            for fd in keep:
+                os.close(fd)
 
     def _tend(self) -> bool:
         """Restart what exited, after its pause; False when nothing can serve any more."""
+        self._tend_replacements()
         now = time.monotonic()
         if self.redis is not None and not self.redis.is_running() and not self._tend_redis(now):
             return False

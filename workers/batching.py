@@ -23,6 +23,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -94,6 +95,9 @@ class BatchWorker(SimpleWorker):
         )
         self.runners = runners
         self.settings = settings
+        # Called once it is registered on its queues, i.e. it takes jobs from now on (inferq up's replacement of a
+        # worker whose model changed waits for it: inferq/supervisor.py).
+        self.on_registered: Callable[[], None] | None = None
         # Redis being down, full, busy or demoted is waited out (workers/outage.py): the main loop's and the
         # finisher thread's own backoffs.
         self.outage = Outage(f"worker {self.name}")
@@ -147,6 +151,8 @@ class BatchWorker(SimpleWorker):
             register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
 
         self.outage.wait(birth, "registering")
+        if self.on_registered is not None:
+            self.on_registered()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:

@@ -12,16 +12,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from inferq import up
 from inferq.shared.models import ModelRepository
 from inferq.shared.redis_server import free_port
 from inferq.shared.settings import Settings
+from inferq.workers.formats import save_export
 from tests.support.docs import walk_through
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
@@ -425,3 +429,95 @@ def test_the_readme_rollout_runs_as_written_under_inferq_up(tmp_path: Path) -> N
 
 def _digit() -> dict[str, tuple[str, bytes, str]]:
     return {"file": ("digit.png", (ROOT / "samples" / "digit.png").read_bytes(), "image/png")}
+
+
+def _scale_model(folder: Path, factor: float) -> str:
+    """A torch.export tensor model that multiplies by ``factor``, written aside and moved in whole; its SHA-256."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"handler": "tensor", "format": "export", "weights": "model.pt2", "max_batch": 8}
+    config["input"] = {"kind": "tensor", "shape": [2], "dtype": "float32"}
+    (folder / "config.json").write_text(json.dumps(config))
+    aside = folder.parent / f".{folder.name}.pt2"
+    save_export(Scale(factor), torch.zeros(2, 2), aside)
+    os.replace(aside, folder / "model.pt2")
+    return hashlib.sha256((folder / "model.pt2").read_bytes()).hexdigest()
+
+
+@pytest.mark.timeout(600)
+def test_changed_weights_load_beside_the_serving_worker_which_serves_until_then_and_broken_ones_never_serve(
+    tmp_path: Path,
+) -> None:
+    """New weights for a model: a new worker loads them while the old one serves, which drains only once the new one
+    takes jobs, so the model never stands without a worker and no job waits for a load. Broken weights: the new
+    worker cannot start, and the old one serves on, as it was."""
+    models = tmp_path / "models"
+    first = _scale_model(models / "scale", 1.0)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "INFERQ_MODELS_DIR": str(models)}
+    env |= {"PYTHONPATH": str(ROOT), "INFERQ_MODELS_POLL_S": "0.5"}
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    workers: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:  # the model's live workers, as the API counts them, all along
+        while not sampling.is_set():
+            workers.append(httpx.get(f"{base}/v1/models/scale", timeout=10).json()["workers"])
+            time.sleep(0.05)
+
+    def run(value: float) -> dict[str, Any]:
+        url = f"{base}/v1/models/scale/jobs"
+        answer = httpx.post(url, json={"inputs": [value, value]}, headers={"Prefer": "wait=30"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    try:
+        wait_until(lambda: _answers(f"{base}/readyz"), 120, "inferq up to be ready")
+        (old,) = _children_with(proc.pid, "worker --model scale", at_end=True)
+        assert run(3.0)["weights_sha256"] == first
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        second = _scale_model(models / "scale", 2.0)
+        views = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not views or views[-1]["weights_sha256"] != second):
+            views.append(run(float(len(views))))
+        sampling.set()
+        sampler.join()
+        assert views[-1]["weights_sha256"] == second, "the new weights never answered"
+        for n, view in enumerate(views):  # each job answered by the weights it names
+            factor = 1.0 if view["weights_sha256"] == first else 2.0
+            assert view["result"] == {"output": [n * factor, n * factor]}, view
+        assert workers and min(workers) >= 1, workers  # never without a worker while the new one loaded
+        wait_until(lambda: proc.pid and old not in _children_with(proc.pid, "worker --model scale"), 60, "the old one")
+        (new,) = _children_with(proc.pid, "worker --model scale", at_end=True)
+
+        (models / ".broken.pt2").write_bytes(b"not a torch.export program")
+        os.replace(models / ".broken.pt2", models / "scale" / "model.pt2")
+        said = "the new worker for its changed model could not start"
+        wait_until(lambda: said in (tmp_path / "up.log").read_text(), 120, "the broken weights' worker to give up")
+        assert _children_with(proc.pid, "worker --model scale", at_end=True) == [new]  # the serving one, untouched
+        assert run(5.0)["result"] == {"output": [10.0, 10.0]}  # still the second weights, from memory
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        sampling.set()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.register_buffer("factor", torch.tensor(factor))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
