@@ -11,8 +11,6 @@ from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.json_schema import SkipJsonSchema
-from rq.serializers import JSONSerializer
-from rq.worker import Worker
 
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, Model, State
@@ -20,8 +18,8 @@ from inferq.api.schemas import ERRORS, ModelPublic
 from inferq.api.versions import Routing, read_routing
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
+from inferq.shared.lifecycle import layout
 from inferq.shared.models import VERSION_RE, ModelConfig, Ramp
-from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.versions import RolledBack, VersionState, clear_rollout, restore, set_rollout
 
 log = logging.getLogger(__name__)
@@ -129,13 +127,24 @@ def invalid_models(state: AppState) -> dict[str, str]:
 
 
 def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
-    """How many workers RQ has registered on each served name's queue; one that stopped cleanly has unregistered."""
-    counts = {}
-    for name in names:
-        queue = state.for_model(state.models[name]).queues.get(keys.queue_name(name))
-        workers = Worker.all(queue=queue, job_class=JSONJob, queue_class=JSONQueue, serializer=JSONSerializer)
-        counts[name] = len(workers)
-    return counts
+    """How many workers RQ has registered on each served name's queue whose hash still exists, counted as routing
+    counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number of names."""
+    counts: dict[str, int] = {}
+    for shard, placed in state.placed():
+        mine = [name for name in placed if name in names]
+        if not mine:
+            continue
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in mine:
+                pipe.smembers(layout.workers_key(keys.queue_name(name)))
+            registered = pipe.execute()
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for workers in registered:
+                if workers:
+                    pipe.exists(*workers)
+            alive = iter(pipe.execute())
+        counts |= {name: int(next(alive)) if workers else 0 for name, workers in zip(mine, registered, strict=True)}
+    return {name: counts.get(name, 0) for name in names}
 
 
 def _version(
