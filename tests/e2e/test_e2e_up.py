@@ -26,6 +26,7 @@ from inferq.shared.models import ModelRepository
 from inferq.shared.redis_server import free_port
 from inferq.shared.settings import Settings
 from inferq.workers.formats import save_export
+from tests.support.builders import Scale
 from tests.support.docs import walk_through
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
@@ -512,12 +513,3 @@ def test_changed_weights_load_beside_the_serving_worker_which_serves_until_then_
                 proc.kill()
                 proc.wait()
         log.close()
-
-
-class Scale(torch.nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.register_buffer("factor", torch.tensor(factor))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor

@@ -25,18 +25,10 @@ import tritonclient.http as triton
 from inferq.client import Client
 from inferq.shared.redis_server import free_port
 from inferq.workers.formats import save_export
+from tests.support.builders import Scale
 from tests.support.echo import POISON
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
-
-
-class Scale(torch.nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.register_buffer("factor", torch.tensor(factor))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
 
 
 def write_version(model: Path, version: int, factor: float, **override: Any) -> str:

@@ -125,6 +125,17 @@ class SmallCNN(nn.Module):
         return self.head(torch.relu(self.conv(x)).flatten(1))
 
 
+class Scale(nn.Module):
+    """x * factor: a model whose answers tell which weights gave them (versions, weights swapped under inferq up)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.register_buffer("factor", torch.tensor(factor))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
 def small_cnn() -> SmallCNN:
     """The factory a safetensors config names: ``tests.support.builders:small_cnn``."""
     torch.manual_seed(0)
