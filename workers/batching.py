@@ -203,9 +203,24 @@ class BatchWorker(SimpleWorker):
         claims.announce_failed(self.connection, self.settings, [job.id])
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
-        if pipeline is None and state == self._state:
+        if pipeline is not None:
+            super().set_state(state, pipeline=pipeline)
+            return
+        if state == self._state:
             return  # already written
-        super().set_state(state, pipeline=pipeline)
+
+        # What `rq info` shows it doing: while Redis is unavailable, left for the next change to write (RQ's
+        # bootstrap writes "started" right after the registration, where a busy Redis used to end the worker).
+        def write() -> bool:
+            super(BatchWorker, self).set_state(state)
+            return True
+
+        if not self.outage.skip(write, f"saying it is {state}"):
+            self._state = ""
+
+    def subscribe(self) -> None:
+        """RQ's channel for `rq` commands (stop, kill the running job), waited for through an outage."""
+        self.outage.wait(super().subscribe, "subscribing to its command channel")
 
     def teardown(self) -> None:
         """RQ registers the worker's death here: the last batch's results are stored first."""

@@ -21,7 +21,7 @@ from inferq.shared.settings import Settings
 from tests.support.models import ROOT
 from tests.support.waiting import wait_until
 
-SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models", "batch")
+SUBCOMMANDS = ("up", "api", "worker", "webhooks", "submit", "models", "batch", "manifests")
 
 
 def _compose() -> dict[str, Any]:

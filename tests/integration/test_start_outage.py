@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from rq.worker import SimpleWorker
 
 from inferq.shared import keys
 from inferq.shared.jobs import QueueCache, Submission, enqueue_job, get_job_view
@@ -116,3 +117,29 @@ def test_a_job_stranded_again_and_again_is_failed_once_it_was_put_back_the_limit
     assert view["status"] == "failed" and "intermediate" in view["error"]
     assert redis.llen(cleaner.queues[0].key) == 0
     assert redis.ttl(keys.info_key(job_id)) > 0  # the rescue count lives in the info hash, which still expires
+
+
+@pytest.mark.parametrize("step", ["subscribe", "set_state"])
+def test_an_outage_right_after_the_worker_registers_is_waited_out_not_a_crash(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """RQ's bootstrap goes on after the registration (its channel, its state): a busy or lost Redis there used to end
+    the worker with the traceback of a BUSY reply (a loaded CI run: a script began just after the worker registered)."""
+    ids = [_submit(redis, settings, i) for i in range(3)]
+    real = getattr(SimpleWorker, step)
+    calls = []
+
+    def busy_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis_py.exceptions.ResponseError(
+                "BUSY Redis is busy running a script. You can only call SCRIPT KILL"
+            )
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SimpleWorker, step, busy_once)
+    monkeypatch.setattr(batching.time, "sleep", lambda s: None)
+    worker = BatchWorker({"echo": echo_runner(max_batch=4)}, connection=redis, settings=settings, name="w")
+    worker.work(burst=True)
+    assert len(calls) >= 2  # tried again (or, for its state, skipped and written by the next change)
+    assert [get_job_view(redis, i)["status"] for i in ids] == ["finished"] * 3
