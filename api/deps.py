@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -114,11 +115,13 @@ class AppState:
         """The shard a job or batch ID leads back to (shared/shards.py: no lookup)."""
         return self.shards[shards.of_id(job_id, self.shards)]
 
-    def placed(self) -> list[tuple[Shard, list[str]]]:
-        """Every shard with the served models it carries, by name (a shard without models is left out)."""
+    def placed(self, among: Collection[str] | None = None) -> list[tuple[Shard, list[str]]]:
+        """Every shard with the served models it carries, by name, or only those ``among`` (a shard without any is
+        left out)."""
         out: dict[str, list[str]] = {}
         for name, config in sorted(self.models.items()):
-            out.setdefault(config.redis or shards.DEFAULT, []).append(name)
+            if among is None or name in among:
+                out.setdefault(config.redis or shards.DEFAULT, []).append(name)
         return [(self.shards[shard], names) for shard, names in sorted(out.items())]
 
 

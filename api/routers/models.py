@@ -130,10 +130,7 @@ def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
     """How many workers RQ has registered on each served name's queue whose hash still exists, counted as routing
     counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number of names."""
     counts: dict[str, int] = {}
-    for shard, placed in state.placed():
-        mine = [name for name in placed if name in names]
-        if not mine:
-            continue
+    for shard, mine in state.placed(names):
         with shard.redis.pipeline(transaction=False) as pipe:
             for name in mine:
                 pipe.smembers(layout.workers_key(keys.queue_name(name)))
@@ -203,10 +200,7 @@ def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing
 def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], dict[str, int]]:
     """Each served name's queue length per lane, read from the Redis that carries it, and its live workers."""
     by_name: dict[str, dict[str, int]] = {}
-    for shard, placed in state.placed():
-        mine = [name for name in placed if name in names]
-        if not mine:
-            continue
+    for shard, mine in state.placed(names):
         with shard.redis.pipeline(transaction=False) as pipe:
             for name in mine:
                 for lane in keys.LANES:

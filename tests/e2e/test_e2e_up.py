@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +231,26 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def _up_serving(
+    tmp_path: Path, ready_s: float, **settings: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, dict[str, str]]]:
+    """`inferq up` run from ``tmp_path`` (its own Redis data under state/, a free port, this checkout's inferq, the
+    ``settings`` given, its output in up.log), once ready: (its process, the API's URL, its environment). Stopped
+    after, as `_stop` stops it, unless the test stopped it itself."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), **settings}
+    base = f"http://127.0.0.1:{port}"
+    with (tmp_path / "up.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+        try:
+            wait_until(lambda: _answers(f"{base}/readyz"), ready_s, "inferq up to be ready")
+            yield proc, base, env
+        finally:
+            _stop(proc)
+
+
 def test_a_second_up_on_the_same_data_refuses_and_names_the_first(tmp_path: Path) -> None:
     # It used to start a second Redis on the same data directory and AOF, and a second set of workers and
     # webhook senders acting on a copy of the state, while it printed "inferq is up".
@@ -289,15 +311,8 @@ def test_up_serves_a_model_dropped_into_the_repository_and_drains_one_removed_wi
     models = tmp_path / "models"
     models.mkdir()
     shutil.copytree(ROOT / "models" / "digits", models / "digits")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "INFERQ_MODELS_DIR": str(models)}
-    env |= {"PYTHONPATH": str(ROOT), "INFERQ_MODELS_POLL_S": "0.5", "INFERQ_TEST_SLOW_S": "0.5"}
-    log = (tmp_path / "up.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(f"{base}/readyz"), 60, "inferq up to be ready")
+    settings = {"INFERQ_MODELS_DIR": str(models), "INFERQ_MODELS_POLL_S": "0.5", "INFERQ_TEST_SLOW_S": "0.5"}
+    with _up_serving(tmp_path, 60, **settings) as (proc, base, _):
         api, digits = _children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")
         later = models / "later"
         later.mkdir()
@@ -333,15 +348,6 @@ def test_up_serves_a_model_dropped_into_the_repository_and_drains_one_removed_wi
         assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=40) == 0
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
 
 
 def _answers(url: str) -> bool:
@@ -360,14 +366,7 @@ def test_the_readme_rollout_runs_as_written_under_inferq_up(tmp_path: Path) -> N
     models = tmp_path / "models"
     shutil.copytree(ROOT / "models" / "digits", models / "digits")
     (tmp_path / "samples").symlink_to(ROOT / "samples")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
-    log = (tmp_path / "up.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(f"{base}/readyz"), 120, "inferq up to be ready")
+    with _up_serving(tmp_path, 120) as (proc, base, env):  # the models folder as the README's: models/, from here
         api, one = _children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits", at_end=True)
         queued: list[str] = []
         for step in steps:
@@ -417,15 +416,6 @@ def test_the_readme_rollout_runs_as_written_under_inferq_up(tmp_path: Path) -> N
         assert _children_with(proc.pid, " api ") == api and _children_with(proc.pid, "worker --model digits@2") == two
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
 
 
 def _digit() -> dict[str, tuple[str, bytes, str]]:
@@ -453,63 +443,50 @@ def test_changed_weights_load_beside_the_serving_worker_which_serves_until_then_
     worker cannot start, and the old one serves on, as it was."""
     models = tmp_path / "models"
     first = _scale_model(models / "scale", 1.0)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "INFERQ_MODELS_DIR": str(models)}
-    env |= {"PYTHONPATH": str(ROOT), "INFERQ_MODELS_POLL_S": "0.5"}
-    log = (tmp_path / "up.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
     workers: list[int] = []
     sampling = threading.Event()
+    with _up_serving(tmp_path, 120, INFERQ_MODELS_DIR=str(models), INFERQ_MODELS_POLL_S="0.5") as (proc, base, _):
 
-    def sample() -> None:  # the model's live workers, as the API counts them, all along
-        while not sampling.is_set():
-            workers.append(httpx.get(f"{base}/v1/models/scale", timeout=10).json()["workers"])
-            time.sleep(0.05)
+        def sample() -> None:  # the model's live workers, as the API counts them, all along
+            while not sampling.is_set():
+                workers.append(httpx.get(f"{base}/v1/models/scale", timeout=10).json()["workers"])
+                time.sleep(0.05)
 
-    def run(value: float) -> dict[str, Any]:
-        url = f"{base}/v1/models/scale/jobs"
-        answer = httpx.post(url, json={"inputs": [value, value]}, headers={"Prefer": "wait=30"}, timeout=60)
-        assert answer.status_code == 200, answer.text
-        return dict(answer.json())
+        def run(value: float) -> dict[str, Any]:
+            url = f"{base}/v1/models/scale/jobs"
+            answer = httpx.post(url, json={"inputs": [value, value]}, headers={"Prefer": "wait=30"}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
 
-    try:
-        wait_until(lambda: _answers(f"{base}/readyz"), 120, "inferq up to be ready")
-        (old,) = _children_with(proc.pid, "worker --model scale", at_end=True)
-        assert run(3.0)["weights_sha256"] == first
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        second = _scale_model(models / "scale", 2.0)
-        views = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not views or views[-1]["weights_sha256"] != second):
-            views.append(run(float(len(views))))
-        sampling.set()
-        sampler.join()
-        assert views[-1]["weights_sha256"] == second, "the new weights never answered"
-        for n, view in enumerate(views):  # each job answered by the weights it names
-            factor = 1.0 if view["weights_sha256"] == first else 2.0
-            assert view["result"] == {"output": [n * factor, n * factor]}, view
-        assert workers and min(workers) >= 1, workers  # never without a worker while the new one loaded
-        wait_until(lambda: proc.pid and old not in _children_with(proc.pid, "worker --model scale"), 60, "the old one")
-        (new,) = _children_with(proc.pid, "worker --model scale", at_end=True)
+        try:
+            (old,) = _children_with(proc.pid, "worker --model scale", at_end=True)
+            assert run(3.0)["weights_sha256"] == first
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            second = _scale_model(models / "scale", 2.0)
+            views = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and (not views or views[-1]["weights_sha256"] != second):
+                views.append(run(float(len(views))))
+            sampling.set()
+            sampler.join()
+            assert views[-1]["weights_sha256"] == second, "the new weights never answered"
+            for n, view in enumerate(views):  # each job answered by the weights it names
+                factor = 1.0 if view["weights_sha256"] == first else 2.0
+                assert view["result"] == {"output": [n * factor, n * factor]}, view
+            assert workers and min(workers) >= 1, workers  # never without a worker while the new one loaded
+            wait_until(
+                lambda: proc.pid and old not in _children_with(proc.pid, "worker --model scale"), 60, "the old one"
+            )
+            (new,) = _children_with(proc.pid, "worker --model scale", at_end=True)
 
-        (models / ".broken.pt2").write_bytes(b"not a torch.export program")
-        os.replace(models / ".broken.pt2", models / "scale" / "model.pt2")
-        said = "the new worker for its changed model could not start"
-        wait_until(lambda: said in (tmp_path / "up.log").read_text(), 120, "the broken weights' worker to give up")
-        assert _children_with(proc.pid, "worker --model scale", at_end=True) == [new]  # the serving one, untouched
-        assert run(5.0)["result"] == {"output": [10.0, 10.0]}  # still the second weights, from memory
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        sampling.set()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+            (models / ".broken.pt2").write_bytes(b"not a torch.export program")
+            os.replace(models / ".broken.pt2", models / "scale" / "model.pt2")
+            said = "the new worker for its changed model could not start"
+            wait_until(lambda: said in (tmp_path / "up.log").read_text(), 120, "the broken weights' worker to give up")
+            assert _children_with(proc.pid, "worker --model scale", at_end=True) == [new]  # the serving one, untouched
+            assert run(5.0)["result"] == {"output": [10.0, 10.0]}  # still the second weights, from memory
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            sampling.set()
