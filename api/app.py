@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
+from redis.exceptions import RedisError
 from starlette.staticfiles import StaticFiles
 
 from inferq.api import errors
@@ -120,6 +122,14 @@ async def _watch_models(state: AppState) -> None:
             await state.look_again()
         except Exception:  # a half-written folder or a passing I/O error: the next look tries again
             log.exception("reading the model repository again failed; serving what was read before")
+        if state.retired:
+            try:
+                drained = await run_in_threadpool(state.forget_drained)
+            except RedisError as exc:
+                log.warning("could not read whether removed models still drain (%s); the next look asks again", exc)
+            else:
+                for name in drained:
+                    log.info("model %s: removed from the repository and drained: no worker serves it", name)
 
 
 async def _open_shard(name: str, url: str, settings: Settings) -> Shard:

@@ -15,9 +15,10 @@ from redis.asyncio import Redis as AsyncRedis
 
 from inferq.api.events import EventHub
 from inferq.api.versions import VersionRouter
-from inferq.shared import shards
+from inferq.shared import keys, shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
+from inferq.shared.lifecycle import layout
 from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs, repository_signature
 from inferq.shared.settings import Settings
 
@@ -55,6 +56,9 @@ class AppState:
     # What the repository looked like when last read (repository_signature), and when it was last looked at.
     signature: tuple[tuple[str, int, int], ...] = ()
     looked_at: float = 0.0
+    # Served names removed from the repository whose workers may still drain their queues: listed as ``draining``
+    # (GET /v1/models, the status page, /metrics) until no worker is registered on them and nothing waits.
+    retired: dict[str, ModelConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.versions = VersionRouter(self.models)
@@ -90,8 +94,59 @@ class AppState:
             "invalid": sorted(fresh.invalid),
         }
         if changes["added"] or changes["removed"] or changes["changed"] or fresh.invalid != old.invalid:
+            self.retired |= {name: old[name] for name in changes["removed"]}
+            for name in fresh:
+                self.retired.pop(name, None)
             self.models, self.versions = fresh, VersionRouter(fresh)
         return changes
+
+    def config_of(self, name: str) -> ModelConfig:
+        """A served name's config, served or draining."""
+        return self.models[name] if name in self.models else self.retired[name]
+
+    def forget_drained(self) -> list[str]:
+        """Stop listing removed names that no worker serves any more and whose queues are empty: those forgotten.
+        (Runs in a worker thread: it reads Redis on the sync clients.)"""
+        names = sorted(self.retired)
+        if not names:
+            return []
+        lengths, workers = self.queue_lengths(names), self.live_workers(names)
+        done = [n for n in names if not workers[n] and not sum(lengths[n].values())]
+        for name in done:
+            self.retired.pop(name, None)
+        return done
+
+    def queue_lengths(self, names: list[str]) -> dict[str, dict[str, int]]:
+        """Each served name's queue length per lane, read from the Redis that carries it: one round trip each."""
+        by_name: dict[str, dict[str, int]] = {}
+        for shard, mine in self.placed(names):
+            with shard.redis.pipeline(transaction=False) as pipe:
+                for name in mine:
+                    for lane in keys.LANES:
+                        pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
+                flat = [int(n) for n in pipe.execute()]
+            lanes = len(keys.LANES)
+            for at, name in zip(range(0, len(flat), lanes), mine, strict=True):
+                by_name[name] = dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
+        return by_name
+
+    def live_workers(self, names: list[str]) -> dict[str, int]:
+        """How many workers RQ has registered on each served name's queue whose hash still exists, counted as
+        routing counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number
+        of names."""
+        counts: dict[str, int] = {}
+        for shard, mine in self.placed(names):
+            with shard.redis.pipeline(transaction=False) as pipe:
+                for name in mine:
+                    pipe.smembers(layout.workers_key(keys.queue_name(name)))
+                registered = pipe.execute()
+            with shard.redis.pipeline(transaction=False) as pipe:
+                for workers in registered:
+                    if workers:
+                        pipe.exists(*workers)
+                alive = iter(pipe.execute())
+            counts |= {n: int(next(alive)) if workers else 0 for n, workers in zip(mine, registered, strict=True)}
+        return {name: counts.get(name, 0) for name in names}
 
     @property
     def home(self) -> Shard:
@@ -116,10 +171,10 @@ class AppState:
         return self.shards[shards.of_id(job_id, self.shards)]
 
     def placed(self, among: Collection[str] | None = None) -> list[tuple[Shard, list[str]]]:
-        """Every shard with the served models it carries, by name, or only those ``among`` (a shard without any is
-        left out)."""
+        """Every shard with the served models it carries (and those draining), by name, or only those ``among`` (a
+        shard without any is left out)."""
         out: dict[str, list[str]] = {}
-        for name, config in sorted(self.models.items()):
+        for name, config in sorted((self.retired | dict(self.models)).items()):
             if among is None or name in among:
                 out.setdefault(config.redis or shards.DEFAULT, []).append(name)
         return [(self.shards[shard], names) for shard, names in sorted(out.items())]

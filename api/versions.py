@@ -93,6 +93,10 @@ class Routing:
         return shares_of(versions, serving, set(self.rolled_back), since, self.rollout)
 
 
+# A model with no version served (every one removed, some still draining): no rollout, nothing told.
+NO_ROUTING = Routing(None, "config", {}, {}, None)
+
+
 async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]) -> Routing:
     """A model's rollout (the one set through the API over its config.json's), its versions' told states and
     standing rollbacks, and when its ramp started: one round trip on the API's auto-pipelined client."""

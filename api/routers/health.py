@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
 from inferq.api.deps import AppState, State
-from inferq.api.routers.models import invalid_models, live_workers
+from inferq.api.routers.models import invalid_models
 from inferq.shared import durability, shards
 from inferq.shared.errors import Unavailable
 
@@ -43,7 +43,7 @@ def _readiness(state: AppState) -> Readiness:
             raise Unavailable(reason if name == shards.DEFAULT else f"Redis {name!r}: {reason}")
         if count is not None:
             replicas = count if replicas is None else min(replicas, count)
-    workers = live_workers(state, sorted(state.models))
+    workers = state.live_workers(sorted(state.models))
     without = [name for name, count in workers.items() if not count]
     return Readiness(
         status="degraded" if without else "ready",

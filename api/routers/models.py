@@ -15,10 +15,9 @@ from pydantic.json_schema import SkipJsonSchema
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, Model, State
 from inferq.api.schemas import ERRORS, ModelPublic
-from inferq.api.versions import Routing, read_routing
+from inferq.api.versions import NO_ROUTING, Routing, read_routing
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
-from inferq.shared.lifecycle import layout
 from inferq.shared.models import VERSION_RE, ModelConfig, Ramp
 from inferq.shared.versions import RolledBack, VersionState, clear_rollout, restore, set_rollout
 
@@ -35,7 +34,8 @@ class RolledBackView(BaseModel):
 class VersionServed(BaseModel):
     version: int
     # loading / warming (a worker is starting it), ready (a live worker serves it), failed (its load or warm-up
-    # failed: ``reason`` says why; it gets no job), unavailable (no worker, none starting).
+    # failed: ``reason`` says why; it gets no job), draining (removed from the repository: its workers serve its
+    # queued jobs, then stop; it gets no new job), unavailable (no worker, none starting).
     state: str
     reason: str | None = None
     # The SHA-256 of its weights, as its worker read them (a job's view names the one that answered it).
@@ -65,6 +65,13 @@ VersionKey = Annotated[str, StringConstraints(pattern=VERSION_RE.pattern)]
 Share = Annotated[float, Field(gt=0, le=100)]
 
 
+def _some_versions_only(schema: dict[str, Any]) -> None:
+    """Traffic's schema as it is checked: pydantic writes a dict's min_length as minLength, which means nothing for
+    an object (schemathesis then sends {} as valid); and no key but a version's."""
+    schema.pop("minLength", None)
+    schema |= {"minProperties": 1, "additionalProperties": False}
+
+
 class RolloutUpdate(BaseModel):
     """A model's traffic and ramp, set over its config.json's for every API process (the config's rollback stays).
     Traffic, a ramp, or both; the schema says exactly what is taken (no null, no empty traffic)."""
@@ -76,7 +83,7 @@ class RolloutUpdate(BaseModel):
     # its share once it serves.
     traffic: Annotated[
         dict[VersionKey, Share] | SkipJsonSchema[None],
-        Field(min_length=1, json_schema_extra={"additionalProperties": False}),
+        Field(min_length=1, json_schema_extra=_some_versions_only),
     ] = None
     # A version's share stepped up over time, e.g. {"version": 2, "steps": [10, 50, 100], "interval_s": 600}.
     ramp: Ramp | SkipJsonSchema[None] = None
@@ -124,24 +131,6 @@ class ModelListing(BaseModel):
 def invalid_models(state: AppState) -> dict[str, str]:
     """The repository's folders left out at start, with why (load_model_configs records them)."""
     return dict(state.models.invalid)
-
-
-def live_workers(state: AppState, names: list[str]) -> dict[str, int]:
-    """How many workers RQ has registered on each served name's queue whose hash still exists, counted as routing
-    counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number of names."""
-    counts: dict[str, int] = {}
-    for shard, mine in state.placed(names):
-        with shard.redis.pipeline(transaction=False) as pipe:
-            for name in mine:
-                pipe.smembers(layout.workers_key(keys.queue_name(name)))
-            registered = pipe.execute()
-        with shard.redis.pipeline(transaction=False) as pipe:
-            for workers in registered:
-                if workers:
-                    pipe.exists(*workers)
-            alive = iter(pipe.execute())
-        counts |= {name: int(next(alive)) if workers else 0 for name, workers in zip(mine, registered, strict=True)}
-    return {name: counts.get(name, 0) for name in names}
 
 
 def _version(
@@ -197,29 +186,43 @@ def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing
     )
 
 
-def _status(state: AppState, names: list[str]) -> tuple[list[dict[str, int]], dict[str, int]]:
+def _status(state: AppState, names: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Each served name's queue length per lane, read from the Redis that carries it, and its live workers."""
-    by_name: dict[str, dict[str, int]] = {}
-    for shard, mine in state.placed(names):
-        with shard.redis.pipeline(transaction=False) as pipe:
-            for name in mine:
-                for lane in keys.LANES:
-                    pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
-            flat = [int(n) for n in pipe.execute()]
-        lanes = len(keys.LANES)
-        for at, name in zip(range(0, len(flat), lanes), mine, strict=True):
-            by_name[name] = dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
-    return [by_name[name] for name in names], live_workers(state, names)
+    return state.queue_lengths(names), state.live_workers(names)
+
+
+def _draining(config: ModelConfig, lengths: dict[str, int], workers: int) -> VersionServed:
+    """A version removed from the repository while its workers still serve its queued jobs (it takes no new one)."""
+    if workers:
+        state, reason = "draining", "removed from the repository: its workers serve its queued jobs, then stop"
+    else:
+        state, reason = "unavailable", "removed from the repository with jobs still queued and no worker to serve them"
+    return VersionServed(
+        version=config.version, state=state, reason=reason, share=0.0, workers=workers, queue_lengths=lengths
+    )
 
 
 async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
-    """Each model with its versions' state, share, workers and queues, and the rollout its submits follow."""
-    served = [c.served for m in models for c in state.versions.versions(m).values()]
-    lengths, workers = await run_in_threadpool(_status, state, served)
-    by_served = dict(zip(served, lengths, strict=True))
+    """Each model with its versions' state, share, workers and queues, and the rollout its submits follow; a version
+    removed from the repository is listed as draining while a worker serves it or jobs wait for it."""
+    current = {m: state.versions.versions(m) for m in models}
+    removed = {
+        m: {c.version: c for c in state.retired.values() if c.name == m and c.version not in current[m]} for m in models
+    }
+    served = [c.served for m in models for c in (current[m] | removed[m]).values()]
+    by_served, workers = await run_in_threadpool(_status, state, served)
     out = []
     for model in models:
-        configs = state.versions.versions(model)
+        configs = current[model]
+        gone = [
+            _draining(c, by_served[c.served], workers[c.served])
+            for c in removed[model].values()
+            if workers[c.served] or sum(by_served[c.served].values())
+        ]
+        if not configs:
+            if gone:  # the whole model was removed: listed while it drains, with no rollout (it takes no submit)
+                out.append(_public(removed[model][max(removed[model])], gone, NO_ROUTING))
+            continue
         routing = await read_routing(state.for_model_name(model).aredis, model, configs)
         ready = {v for v, c in configs.items() if workers[c.served]}
         shares = routing.shares(configs, ready) if ready else {}
@@ -235,6 +238,7 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
             )
             for v, c in configs.items()
         ]
+        versions = sorted(versions + gone, key=lambda v: v.version)
         out.append(_public(configs[max(configs)], versions, routing))
     return out
 
@@ -244,7 +248,7 @@ async def list_models(state: State) -> ModelListing:
     """Every model this deployment serves, with its versions, queue lengths and live workers; and the configs left
     out."""
     return ModelListing(
-        models=await _served(state, state.models.models()),
+        models=await _served(state, sorted(set(state.models.models()) | {c.name for c in state.retired.values()})),
         invalid=[InvalidModel(name=n, error=e) for n, e in sorted(invalid_models(state).items())],
     )
 

@@ -66,6 +66,10 @@ class ModelStatus(BaseModel):
     rolled_back: str | None = Field(
         default=None, description="why the system rolled this version back, while it stands (it takes no unpinned job)"
     )
+    draining: bool = Field(
+        default=False,
+        description="removed from the repository: its workers serve its queued jobs, then stop (it takes no new job)",
+    )
 
 
 class ClusterStatus(BaseModel):
@@ -108,7 +112,7 @@ def _point(start: int, fields: dict[str, float]) -> WindowPoint:
 
 
 def _status(state: AppState) -> ClusterStatus:
-    names = sorted(state.models)
+    names = [name for _, placed in state.placed() for name in placed]
     now_s = time.time()
     cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)
     recent: dict[str, census.Recent] = {}
@@ -120,8 +124,11 @@ def _status(state: AppState) -> ClusterStatus:
                 pipe.hget(keys.rollback_key(name), "reason")
             rolled_back |= dict(zip(placed, pipe.execute(), strict=True))
     models = []
-    for name in names:
+    for name in sorted(names):
         now = cluster.models[name]
+        draining = name not in state.models
+        if draining and not sum(now.workers.values()) and not sum(now.depth.values()):
+            continue  # removed and drained (the API forgets it at its next look)
         history = recent[name]
         complete = history.windows[:-1]  # the current window is still filling
         span = metrics.merge(fields for _, fields in history.windows)
@@ -130,7 +137,7 @@ def _status(state: AppState) -> ClusterStatus:
         models.append(
             ModelStatus(
                 name=name,
-                input_kind=state.models[name].input.kind,
+                input_kind=state.config_of(name).input.kind,
                 queue_depth=now.depth,
                 oldest_age_s=now.oldest_age_s,
                 workers=now.workers,
@@ -143,6 +150,7 @@ def _status(state: AppState) -> ClusterStatus:
                 series=[_point(start, fields) for start, fields in complete],
                 failures=[RecentFailure.model_validate(f) for f in history.failures],
                 rolled_back=reason.decode() if (reason := rolled_back.get(name)) else None,
+                draining=draining,
             )
         )
     return ClusterStatus(

@@ -114,6 +114,9 @@ function render(status) {
     const rolled = $(root, ".rolled-back");
     rolled.hidden = !model.rolled_back;
     rolled.textContent = model.rolled_back ? "rolled back: " + model.rolled_back : "";
+    const draining = $(root, ".draining");
+    draining.hidden = !model.draining;
+    draining.textContent = model.draining ? "draining: removed from the repository, it serves its queued jobs, then stops" : "";
   }
   for (const [name, entry] of cards) {
     if (!seen.has(name)) { entry.root.remove(); cards.delete(name); }

@@ -334,17 +334,28 @@ def test_up_serves_a_model_dropped_into_the_repository_and_drains_one_removed_wi
 
         wait_until(served, 30, "the new model's first job")
         assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
-        queued = [httpx.post(url, json={"inputs": [n, n]}).json()["id"] for n in range(1, 7)]  # 0.5 s each
+        queued = [httpx.post(url, json={"inputs": [n, n]}).json()["id"] for n in range(1, 21)]  # 0.5 s each
         (later / "config.json").unlink()
         refused = f"{base}/v1/models/later"
         wait_until(lambda: httpx.get(refused).status_code == 404, 30, "the model refused")
 
+        def listed() -> dict[str, Any]:
+            return {m["name"]: m for m in httpx.get(f"{base}/v1/models").json()["models"]}
+
+        # While its worker serves what was queued, the listing and the status page say it drains (no new job).
+        (version,) = listed()["later"]["versions"]
+        assert (version["state"], version["share"], version["workers"]) == ("draining", 0.0, 1), version
+        assert 0 < version["queue_lengths"]["interactive"] < 20, version
+        status = {m["name"]: m for m in httpx.get(f"{base}/v1/status").json()["models"]}
+        assert status["later"]["draining"] and not status["digits"]["draining"], status
+
         def ended() -> list[str]:
             return [httpx.get(f"{base}/v1/jobs/{job_id}").json()["status"] for job_id in queued]
 
-        wait_until(lambda: ended() == ["finished"] * 6, 60, "every queued job of the removed model")
+        wait_until(lambda: ended() == ["finished"] * 20, 60, "every queued job of the removed model")
         wait_until(lambda: _children_with(proc.pid, "worker --model later") == [], 60, "its worker to stop")
         wait_until(lambda: "worker later: drained and stopped" in (tmp_path / "up.log").read_text(), 10, "its end told")
+        wait_until(lambda: "later" not in listed(), 10, "the drained model to leave the listing")
         assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=40) == 0

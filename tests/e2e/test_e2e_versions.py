@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -427,3 +428,43 @@ def test_inferq_models_reload_reads_the_repository_at_once(tmp_path: Path) -> No
         assert cli.returncode == 0, cli.stderr
         assert "added    told" in cli.stdout
         assert httpx.post(url, json={"inputs": [1, 1]}).status_code == 202
+
+
+def test_a_version_removed_from_the_repository_is_listed_as_draining_while_a_worker_still_serves_it(
+    tmp_path: Path,
+) -> None:
+    """GET /v1/models keeps a removed version, as ``draining`` with no share, for as long as a worker is registered on
+    its queue (``inferq up`` drains it: it serves what waits, then stops), and forgets it once none is and nothing
+    waits; the status page says the same."""
+    stack = new_stack(tmp_path, INFERQ_MODELS_POLL_S="0.2", INFERQ_TEST_SLOW_S="0")
+    echo_versions(stack.models_dir, {"traffic": {"1": 50, "2": 50}})
+    with serving(stack):
+        stack.start_api()
+        stack.start_worker("echoes", name="v1")
+        two = stack.start_worker("echoes@2", name="v2")
+        stack.wait_for_worker("echoes")
+        stack.wait_for_worker("echoes@2")
+        url = f"{stack.base}/v1/models/echoes"
+
+        def versions() -> dict[int, dict[str, Any]]:
+            return {v["version"]: v for v in httpx.get(url, timeout=10).json()["versions"]}
+
+        assert {v: (s["state"], s["share"]) for v, s in versions().items()} == {1: ("ready", 50.0), 2: ("ready", 50.0)}
+        shutil.rmtree(stack.models_dir / "echoes" / "2")
+        wait_until(lambda: versions()[2]["state"] == "draining", 30, "version 2 listed as draining")
+        listed = versions()
+        assert (listed[1]["state"], listed[1]["share"]) == ("ready", 100.0)
+        assert (listed[2]["share"], listed[2]["workers"], listed[2]["reason"]) == (
+            0.0,
+            1,
+            "removed from the repository: its workers serve its queued jobs, then stop",
+        )
+        pinned = httpx.post(f"{url}/jobs", json={"inputs": [1, 1]}, params={"version": 2})
+        assert pinned.status_code == 404, pinned.text  # it takes no new job
+        status = {m["name"]: m for m in httpx.get(f"{stack.base}/v1/status", timeout=10).json()["models"]}
+        assert (status["echoes@2"]["draining"], status["echoes"]["draining"]) == (True, False)
+        two.send_signal(signal.SIGTERM)  # its worker ends (under inferq up: once drained)
+        assert two.wait(timeout=30) == 0
+        wait_until(lambda: set(versions()) == {1}, 30, "the drained version to leave the listing")
+        status = {m["name"] for m in httpx.get(f"{stack.base}/v1/status", timeout=10).json()["models"]}
+        assert "echoes" in status and "echoes@2" not in status

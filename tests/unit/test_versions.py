@@ -137,3 +137,31 @@ def test_a_ramp_steps_its_version_up_from_when_it_first_served() -> None:
 def test_ramp_steps_are_percentages(steps: list[float]) -> None:
     with pytest.raises(ValueError, match="steps|at least 1"):
         Rollout.model_validate({"ramp": {"version": 2, "steps": steps}})
+
+
+@pytest.mark.parametrize(
+    ("body", "taken"),
+    [
+        ({"traffic": {"1": 90, "2": 10}}, True),
+        ({"ramp": {"version": 2, "steps": [10, 100]}}, True),
+        ({"traffic": {}}, False),
+        ({"traffic": {"0": 50}}, False),
+        ({"traffic": {"1": 0}}, False),
+        ({"traffic": None}, False),
+        ({}, False),
+    ],
+)
+def test_the_rollout_schema_admits_exactly_what_the_api_takes(body: dict[str, Any], taken: bool) -> None:
+    """A client (or schemathesis) that trusts /openapi.json sends nothing the API refuses, and vice versa."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from pydantic import ValidationError
+
+    from inferq.api.routers.models import RolloutUpdate
+
+    admitted = jsonschema.Draft202012Validator(RolloutUpdate.model_json_schema()).is_valid(body)
+    try:
+        RolloutUpdate.model_validate(body)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert (admitted, accepted) == (taken, taken)
