@@ -22,7 +22,7 @@ from inferq.api.autopipeline import AutoPipelinedRedis
 from inferq.api.deps import AppState, Shard
 from inferq.api.events import EventHub
 from inferq.api.oip.routes import router as v2_router
-from inferq.api.routers import batches, health, jobs, models, status
+from inferq.api.routers import batches, health, jobs, models, status, tenants
 from inferq.api.routers import metrics as metrics_router
 from inferq.shared import connections
 from inferq.shared.errors import ConfigError
@@ -33,6 +33,7 @@ from inferq.shared.models import load_model_configs, repository_signature
 from inferq.shared.redis_server import die_with_parent
 from inferq.shared.rqjson import refuse_pickle
 from inferq.shared.settings import Settings, get_settings
+from inferq.shared.tenants import Tenants
 
 log = logging.getLogger(__name__)
 # Redis connections the submit and read paths share: their commands travel in shared pipelines
@@ -47,10 +48,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raise ConfigError("INFERQ_REDIS_URL is not set (`inferq up` sets it for its children)")
     model_configs = load_model_configs(settings.models_dir, settings.redis_shards)
     # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
-    if settings.api_keys:
+    open_paths = ", ".join(OPEN_PATHS)
+    if settings.tenants is not None and settings.tenant_list:
+        names = ", ".join(t.name for t in settings.tenant_list)  # names only: never a key
+        log.info(
+            "API-key authentication is on: %d tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): %s; open without a key: %s",
+            len(settings.tenant_list),
+            names,
+            open_paths,
+        )
+    elif settings.api_keys:
         count = len(settings.api_keys)
         plural = "" if count == 1 else "s"
-        open_paths = ", ".join(OPEN_PATHS)
         log.info(
             "API-key authentication is on: %d key%s (INFERQ_API_KEYS); open without one: %s", count, plural, open_paths
         )
@@ -63,7 +72,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         refuse_pickle()
         shards = {name: await _open_shard(name, url, settings) for name, url in settings.redis_urls().items()}
-        state = AppState(settings, model_configs, shards, signature=repository_signature(settings.models_dir))
+        state = AppState(
+            settings,
+            model_configs,
+            shards,
+            tenants=Tenants(settings.tenant_list),
+            signature=repository_signature(settings.models_dir),
+        )
         for shard in shards.values():
             shard.events.on_routing_change = lambda model: state.versions.forget(model)  # the router of the moment
         app.state.inferq = state
@@ -106,6 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router_for(settings, model_configs))
     app.include_router(jobs.router)
     app.include_router(batches.router)
+    app.include_router(tenants.router)
     app.include_router(v2_router)
     app.include_router(metrics_router.router)
     app.include_router(status.router)

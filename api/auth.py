@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
 from inferq.api.deps import state_of
 from inferq.shared.errors import Unauthorized
+from inferq.shared.tenants import ANYONE, Tenant
 
 # The routes anyone may call although INFERQ_API_KEYS is set ("/*": a folder of files): health and the protocol's
 # server metadata, the docs, /metrics (counts only: no job ids, inputs or results) and the status page's own
@@ -36,21 +36,41 @@ def owner_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def caller(request: Request, authorization: str | None) -> Tenant:
+    """The tenant whose key the request carries (the one open tenant when no keys are configured); 401 otherwise.
+    Kept on the request (``tenant_of``) for the routes that count its quotas."""
+    # The request, not the State dependency: a nested dependency costs FastAPI a solve of its own per request.
+    tenants = state_of(request).tenants
+    if not tenants.required:
+        tenant = ANYONE
+    else:
+        scheme, _, given = (authorization or "").partition(" ")
+        found = tenants.of_key(given) if scheme.lower() == "bearer" and given else None
+        if found is None:
+            raise Unauthorized("a valid API key is required: Authorization: Bearer <key>")
+        tenant = found
+    request.state.tenant = tenant
+    return tenant
+
+
+def tenant_of(request: Request) -> Tenant:
+    """The tenant ``caller`` found for this request (every route that reaches here checked its key first)."""
+    return getattr(request.state, "tenant", None) or ANYONE
+
+
 async def require_key(
     request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
 ) -> str | None:
-    """The caller's owner id, or None when no keys are configured; 401 otherwise."""
-    # The request, not the State dependency: a nested dependency costs FastAPI a solve of its own per request.
-    keys = state_of(request).settings.api_keys
-    if not keys:
-        return None
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() == "bearer" and given:
-        # Compare against every key, in constant time each, so timing tells nothing.
-        matches = [hmac.compare_digest(given.encode(), key.encode()) for key in keys]
-        if any(matches):
-            return owner_of(given)
-    raise Unauthorized("a valid API key is required: Authorization: Bearer <key>")
+    """The caller's owner id (what its jobs record), or None when no keys are configured; 401 otherwise."""
+    return caller(request, authorization).owner
+
+
+async def require_tenant(
+    request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+) -> Tenant:
+    """The caller's tenant; 401 without a valid key when keys are configured."""
+    return caller(request, authorization)
 
 
 Owner = Annotated[str | None, Depends(require_key)]
+Caller = Annotated[Tenant, Depends(require_tenant)]

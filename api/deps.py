@@ -21,6 +21,7 @@ from inferq.shared.jobs import QueueCache
 from inferq.shared.lifecycle import layout
 from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs, repository_signature
 from inferq.shared.settings import Settings
+from inferq.shared.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class AppState:
     settings: Settings
     models: ModelRepository  # by served name: each version of each model
     shards: dict[str, Shard]
+    tenants: Tenants = field(default_factory=lambda: Tenants([]))  # whose keys a request may carry
     versions: VersionRouter = field(init=False)
     # What the repository looked like when last read (repository_signature), and when it was last looked at.
     signature: tuple[tuple[str, int, int], ...] = ()

@@ -81,7 +81,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(errors.AppError)
     async def app_error(request: Request, exc: errors.AppError) -> JSONResponse:
-        return error_response(status_for(exc), exc.code, exc.message, flat=is_protocol_path(request))
+        headers = getattr(exc, "headers", None)  # a quota's Retry-After
+        return error_response(status_for(exc), exc.code, exc.message, headers, flat=is_protocol_path(request))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

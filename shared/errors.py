@@ -8,6 +8,7 @@ AppError
  ├── PayloadTooLarge    the body is over the configured limit
  ├── Conflict           the job is in a state that forbids the operation
  ├── QueueFull          the model's queue is at its limit; retry later
+ │    └── QuotaExceeded  the caller's tenant is over a quota; retry after the time it names
  ├── Unauthorized       an API key is needed and missing or wrong
  └── Unavailable        Redis cannot be reached
 """
@@ -56,6 +57,14 @@ class Conflict(AppError):
 
 class QueueFull(AppError):
     code = "queue_full"
+
+
+class QuotaExceeded(QueueFull):
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after_s)}
 
 
 class Unauthorized(AppError):

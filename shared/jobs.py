@@ -17,7 +17,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
-from inferq.shared import keys
+from inferq.shared import keys, tenants
 from inferq.shared.errors import NotFound
 from inferq.shared.lifecycle import layout, rqhash, submit
 from inferq.shared.lifecycle.info import JobInfo, at_submit
@@ -106,6 +106,9 @@ class Submission:
     owner: str | None = None
     # The model's queue it waits in: interactive work goes first, bulk fills in (keys.LANES).
     lane: str = keys.INTERACTIVE
+    # Whose key sent it, and that tenant's jobs-per-minute quota (None: none).
+    tenant: str = tenants.DEFAULT
+    jobs_per_minute: int | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -160,13 +163,15 @@ def _new_job(
         max_queue_length=submission.max_queue_length or settings.max_queue_length,
         idempotency=idempotency,
         idempotency_ttl_s=settings.idempotency_ttl_s,
+        tenant=submission.tenant,
+        jobs_per_minute=submission.jobs_per_minute,
     )
 
 
 def _existing(verdict: str, existing: str, submission: Submission) -> str | None:
     # The fingerprint hashes the whole input: only a duplicate Idempotency-Key needs it.
     fingerprint = submission.fingerprint if verdict == "dup" else ""
-    return submit.check_enqueued(verdict, existing, fingerprint, submission.model)
+    return submit.check_enqueued(verdict, existing, fingerprint, submission.model, submission.tenant)
 
 
 def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> submit.Enqueued:

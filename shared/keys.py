@@ -103,6 +103,12 @@ def idempotency_key(owner: str, key: str) -> str:
     return f"{PREFIX}:idem:{digest}"
 
 
+def tenant_rate_key(tenant: str) -> str:
+    """A tenant's jobs-per-minute quota as the generic cell rate algorithm holds it (its theoretical arrival time,
+    in ms); it expires when the tenant is back to a full burst."""
+    return f"{PREFIX}:tenant:{tenant}:rate"
+
+
 # A bulk batch's items travel in chunks, each an RQ job "batch-<batch id>-<n>" in the model's lane;
 # single job ids never start with this prefix (``shared.jobs.new_job_id``).
 CHUNK_PREFIX = "batch-"

@@ -12,11 +12,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
 from inferq.shared import shards
 from inferq.shared.errors import ConfigError
+from inferq.shared.tenants import Tenant, parse_tenants
 
 log = logging.getLogger(__name__)
 PREFIX = "INFERQ_"
@@ -141,6 +142,12 @@ class Settings(BaseSettings):
         " `/openapi.json`, `/static-offline-docs/*`) and the status page's own files (`/`, `/static/*`: no data),"
         " and a key sees only its own jobs; the API logs at start whether authentication is on, with how many keys"
         " and the routes left open",
+    )
+    tenants: SecretStr | None = Field(
+        default=None,
+        description="the tenants: a JSON list, inline or `@/path/to/file.json`, of"
+        ' `{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {"jobs_per_minute": …}}`; each key of'
+        " `INFERQ_API_KEYS` is a tenant of weight 1 too. A key is never logged or stored; see docs/tenants.md",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="comma-separated origins browsers may call from; unset: CORS off"
@@ -297,8 +304,19 @@ class Settings(BaseSettings):
             )
         return value
 
+    # INFERQ_TENANTS and INFERQ_API_KEYS, parsed (shared/tenants.py): the keys as their SHA-256 only.
+    _tenants: list[Tenant] = PrivateAttr(default_factory=list)
+
+    @property
+    def tenant_list(self) -> list[Tenant]:
+        return list(self._tenants)
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        try:
+            self._tenants = parse_tenants(self.tenants.get_secret_value() if self.tenants else None, self.api_keys)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
         if self.result_ttl_s > self.max_result_ttl_s:
             raise ValueError(
                 f"INFERQ_RESULT_TTL_S ({self.result_ttl_s}) is above INFERQ_MAX_RESULT_TTL_S"

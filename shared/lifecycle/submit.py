@@ -8,6 +8,7 @@ finish cannot both win, a vanished job is never re-created, and every end is tol
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,8 +21,8 @@ from redis.asyncio import Redis as AsyncRedis
 from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
-from inferq.shared import durability, keys
-from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from inferq.shared import durability, keys, tenants
+from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded
 from inferq.shared.lifecycle import calls, layout, rqhash, scripts
 from inferq.shared.lifecycle.lua import told
 from inferq.shared.settings import Settings
@@ -58,6 +59,8 @@ class NewJob:
     max_queue_length: int
     idempotency: tuple[str, str] | None = None  # (key, "<job id> <fingerprint>")
     idempotency_ttl_s: int = 0
+    tenant: str = tenants.DEFAULT
+    jobs_per_minute: int | None = None  # the tenant's quota (None: none)
 
 
 @lru_cache(maxsize=1024)
@@ -110,11 +113,13 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     qk = layout.queue_keys(queue_name)
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
+    fixed.append(keys.tenant_rate_key(new.tenant))
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
         "idempotency": idem_value,
         "idempotency_ttl": new.idempotency_ttl_s,
+        "per_minute": new.jobs_per_minute or 0,
         "payload": new.payload,
         "payload_ttl": new.live_s,
         "info_ttl": new.info_ttl_s,
@@ -161,10 +166,16 @@ async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
     return _enqueued(job_id, status, created, enqueued)
 
 
-def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str) -> str | None:
-    """The job id an Idempotency-Key already holds, or None for a new job; raises for a full queue or reuse."""
+def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, tenant: str = "") -> str | None:
+    """The job id an Idempotency-Key already holds, or None for a new job; raises for a full queue, a quota
+    reached, or reuse."""
     if verdict == "full":
         raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict == "quota":
+        retry_s = max(1, math.ceil(int(existing) / 1000))
+        raise QuotaExceeded(
+            f"tenant {tenant} is over its quota jobs_per_minute; retry in {retry_s} s", retry_after_s=retry_s
+        )
     if verdict != "dup":
         return None
     other_id, _, stored = existing.partition(" ")

@@ -53,6 +53,7 @@ NOT_RUN = (
         "INFERQ_REDIS_URL=",
         "needs a Sentinel group (tests/e2e/test_e2e_sentinel.py runs rq info -c inferq.rqconfig against one) or Docker",
     ),
+    ("INFERQ_TENANTS=", "starts inferq up with tenants from a file: tests/e2e/test_e2e_tenants.py starts the API so"),
     (".venv/bin/python samples/webhook_receiver.py", "a receiver that runs until stopped (test_e2e_operators.py)"),
     (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
     (".venv/bin/pip install ", "downloads wheels from download.pytorch.org: no network in tests"),

@@ -1,11 +1,14 @@
--- enqueue: The API's submit: an Idempotency-Key already used returns its job, a full queue refuses, else the
--- input, inferq's info hash and RQ's job hash are written and the job is queued. Nothing half-written.
+-- enqueue: The API's submit: an Idempotency-Key already used returns its job, a full queue refuses, a tenant past
+-- its jobs-per-minute quota is refused with the milliseconds until it may submit again, else the input, inferq's
+-- info hash and RQ's job hash are written and the job is queued. Nothing half-written; nothing of a refused job.
 -- id: the job's; max_length: the most jobs its queue may hold; idempotency: the value its Idempotency-Key
--- keeps (with idempotency_ttl; unused without the per-item key); info, job: the two hashes' fields.
+-- keeps (with idempotency_ttl; unused without the per-item key); per_minute: the tenant's quota (0: none), held
+-- in `rate` by the generic cell rate algorithm (a burst of per_minute jobs, then one every 60/per_minute s), on
+-- Redis's clock so every API process counts alike; info, job: the two hashes' fields.
 --
--- KEYS: queue, queues, job, payload, info
+-- KEYS: queue, queues, job, payload, info, rate
 -- KEYS per item: idempotency
--- ARGV: id, max_length, idempotency, idempotency_ttl, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
 
 local idem = KEYS[FIXED + 1]
 if idem then
@@ -13,6 +16,18 @@ if idem then
   if existing then return {'dup', existing} end
 end
 if redis.call('LLEN', K.queue) >= tonumber(A.max_length) then return {'full', ''} end
+local per_minute = tonumber(A.per_minute)
+if per_minute > 0 then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local interval = 60000 / per_minute
+  local tat = tonumber(redis.call('GET', K.rate) or '0') or 0
+  if tat < now_ms then tat = now_ms end
+  local allowed_at = tat + interval - 60000
+  if now_ms < allowed_at then return {'quota', tostring(math.ceil(allowed_at - now_ms))} end
+  tat = tat + interval
+  redis.call('SET', K.rate, string.format('%.3f', tat), 'PX', math.max(1, math.ceil(tat - now_ms)))
+end
 if idem then redis.call('SET', idem, A.idempotency, 'EX', A.idempotency_ttl) end
 redis.call('SET', K.payload, A.payload, 'EX', A.payload_ttl)
 redis.call('HSET', K.info, unpack(A.info))

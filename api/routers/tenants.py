@@ -1,0 +1,58 @@
+"""What a client may learn of its own tenant: its name, weight, quotas and their use now (never another's)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, cast
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from inferq.api.auth import Caller
+from inferq.api.deps import State
+from inferq.api.schemas import ERRORS
+from inferq.shared import keys
+from inferq.shared.tenants import Quotas
+
+router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
+
+
+class RateUse(BaseModel):
+    limit: int
+    used: int = Field(description="jobs counted against the quota now: it refuses once this reaches the limit")
+    retry_after_s: int = Field(description="seconds until a submit is taken again (0: now)")
+
+
+class TenantUse(BaseModel):
+    jobs_per_minute: RateUse | None = None
+
+
+class TenantView(BaseModel):
+    name: str
+    weight: float = Field(description="its share of each model's batches against the other tenants' waiting jobs")
+    quotas: Quotas
+    use: TenantUse
+
+
+async def _rate_use(client: Any, tenant: str, per_minute: int) -> RateUse:
+    """The generic cell rate algorithm's state (lua/enqueue.lua) as a count: how much of the burst is spent."""
+    now, tat = await asyncio.gather(client.time(), client.get(keys.tenant_rate_key(tenant)))
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    interval = 60_000 / per_minute
+    ahead = max(0.0, float(cast(bytes, tat)) - now_ms) if tat else 0.0
+    used = min(per_minute, math.ceil(ahead / interval - 1e-9))
+    wait_ms = max(0.0, ahead + interval - 60_000)
+    return RateUse(limit=per_minute, used=used, retry_after_s=math.ceil(wait_ms / 1000))
+
+
+@router.get("/me", response_model=TenantView, responses=ERRORS)
+async def me(tenant: Caller, state: State) -> TenantView:
+    """The tenant the request's API key belongs to: its name, weight, quotas and what it uses of them now. (With
+    several Redis shards a quota holds on each; the one nearest to its limit is shown.)"""
+    use = TenantUse()
+    per_minute = tenant.quotas.jobs_per_minute
+    if per_minute is not None:
+        reads = [_rate_use(shard.aredis, tenant.name, per_minute) for shard in state.shards.values()]
+        use.jobs_per_minute = max(await asyncio.gather(*reads), key=lambda r: (r.used, r.retry_after_s))
+    return TenantView(name=tenant.name, weight=tenant.weight, quotas=tenant.quotas, use=use)

@@ -1,0 +1,93 @@
+"""Tenants (INFERQ_TENANTS): each key's name, weight and quotas, a jobs-per-minute quota held across API processes
+with 429 and Retry-After and nothing of a refused job in Redis, and GET /v1/tenants/me."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import httpx
+
+from inferq.shared.redis_server import free_port
+from tests.support.stack import _ready, new_stack, serving
+from tests.support.waiting import wait_until
+
+TENANTS = [
+    {"name": "acme", "key": "key-acme", "weight": 3, "quotas": {"jobs_per_minute": 4}},
+    # Stored as its hash only (a Kubernetes Secret need not hold the key itself).
+    {"name": "beta", "key_sha256": hashlib.sha256(b"key-beta").hexdigest()},
+]
+
+
+def _as(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_processes_and_nothing_enters_redis(
+    tmp_path: Path,
+) -> None:
+    tenants_file = tmp_path / "tenants.json"
+    tenants_file.write_text(json.dumps(TENANTS))
+    stack = new_stack(tmp_path, INFERQ_TENANTS=f"@{tenants_file}", INFERQ_API_KEYS="key-plain")
+    with serving(stack):
+        stack.start_api()
+        other = f"http://127.0.0.1:{free_port()}"
+        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
+        wait_until(lambda: _ready(other), 30, "the second API")
+        bases = [stack.base, other]
+        redis = stack.redis()
+
+        def submit(base: str, key: str) -> httpx.Response:
+            return httpx.post(f"{base}/v1/models/slow/jobs", json={"inputs": [1, 2]}, headers=_as(key), timeout=10)
+
+        # No worker: every accepted job waits in the queue, where it can be counted.
+        accepted = [submit(bases[n % 2], "key-acme") for n in range(4)]
+        assert [r.status_code for r in accepted] == [202] * 4, [r.text for r in accepted]
+        jobs_before = sorted(redis.scan_iter("rq:job:*"))
+        refused = [submit(bases[n % 2], "key-acme") for n in range(3)]
+        assert {r.status_code for r in refused} == {429}
+        for response in refused:
+            error = response.json()["error"]
+            assert error["code"] == "quota_exceeded" and "jobs_per_minute" in error["message"], error
+            assert "key-acme" not in response.text
+            assert 1 <= int(response.headers["Retry-After"]) <= 15  # one job's share of the minute: 60/4 s
+        oip = httpx.post(
+            f"{other}/v2/models/slow/infer",
+            json={"inputs": [{"name": "tensor", "shape": [2], "datatype": "FP32", "data": [1, 2]}]},
+            headers=_as("key-acme") | {"Prefer": "respond-async"},
+            timeout=10,
+        )
+        assert oip.status_code == 429 and "Retry-After" in oip.headers, oip.text
+        # Nothing of a refused job was written: the queue and the job hashes are as they were.
+        assert sorted(redis.scan_iter("rq:job:*")) == jobs_before
+        assert redis.llen("rq:queue:inferq.slow") == 4
+        # The other tenants have quotas of their own (none here): untouched by acme's.
+        assert [submit(base, "key-beta").status_code for base in bases * 3] == [202] * 6
+        assert submit(stack.base, "key-plain").status_code == 202
+        assert submit(stack.base, "key-unknown").status_code == 401
+
+        me = httpx.get(f"{other}/v1/tenants/me", headers=_as("key-acme"), timeout=10).json()
+        assert (me["name"], me["weight"], me["quotas"]["jobs_per_minute"]) == ("acme", 3.0, 4), me
+        use = me["use"]["jobs_per_minute"]
+        assert (use["limit"], use["used"]) == (4, 4) and use["retry_after_s"] >= 1, me
+        beta = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-beta"), timeout=10).json()
+        assert (beta["name"], beta["weight"], beta["use"]) == ("beta", 1.0, {"jobs_per_minute": None}), beta
+        plain = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-plain"), timeout=10).json()
+        assert plain["name"] == "key-" + hashlib.sha256(b"key-plain").hexdigest()[:8]
+        assert httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).status_code == 401
+        # Every key the quota wrote expires (it is gone once the tenant is back to a full burst).
+        assert 0 < redis.pttl("inferq:tenant:acme:rate") <= 60_000
+        # Nothing an API logs names a key.
+        logs = "".join(p.read_text() for p in stack.logs)
+        assert "3 tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): acme, beta, key-" in logs  # names only
+        assert "key-acme" not in logs and "key-beta" not in logs and "key-plain" not in logs
+
+
+def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path)
+    with serving(stack):
+        stack.start_api()
+        me = httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).json()
+        assert me == {"name": "default", "weight": 1.0, "quotas": me["quotas"], "use": {"jobs_per_minute": None}}
+        assert set(me["quotas"].values()) == {None}
