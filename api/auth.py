@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 
@@ -56,6 +56,18 @@ def caller(request: Request, authorization: str | None) -> Tenant:
 def tenant_of(request: Request) -> Tenant:
     """The tenant ``caller`` found for this request (every route that reaches here checked its key first)."""
     return getattr(request.state, "tenant", None) or ANYONE
+
+
+def fair_order_of(request: Request) -> dict[str, Any]:
+    """Where a submit or upload is queued among the tenants': its tenant's name, and its weight in the fair order
+    when the deployment has several tenants (else at the tail, as with none)."""
+    tenant = tenant_of(request)
+    return {"tenant": tenant.name, "fair": len(state_of(request).tenants.all) > 1, "weight": tenant.weight}
+
+
+def submitted_by(request: Request) -> dict[str, Any]:
+    """What a submit records of its tenant: its place in the fair order and its jobs-per-minute quota."""
+    return fair_order_of(request) | {"jobs_per_minute": tenant_of(request).quotas.jobs_per_minute}
 
 
 async def require_key(

@@ -109,6 +109,10 @@ class Submission:
     # Whose key sent it, and that tenant's jobs-per-minute quota (None: none).
     tenant: str = tenants.DEFAULT
     jobs_per_minute: int | None = None
+    # Whether the deployment has several tenants (its jobs are then queued in weighted fair order), and this one's
+    # weight.
+    fair: bool = False
+    weight: float = 1.0
 
     @property
     def fingerprint(self) -> str:
@@ -165,6 +169,8 @@ def _new_job(
         idempotency_ttl_s=settings.idempotency_ttl_s,
         tenant=submission.tenant,
         jobs_per_minute=submission.jobs_per_minute,
+        fair=submission.fair,
+        weight=submission.weight,
     )
 
 

@@ -134,6 +134,17 @@ def batch_ids_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:ids"
 
 
+def fair_tags_key(queue_name: str) -> str:
+    """A queue's waiting jobs' virtual finish tags, while several tenants share it (lua/lib/fair.lua); it expires
+    with a queued job's TTL and is dropped whenever the queue empties."""
+    return f"{PREFIX}:fair:{queue_name}:tags"
+
+
+def fair_state_key(queue_name: str) -> str:
+    """A queue's tenants' last virtual finish tags (lua/lib/fair.lua), with the same life as ``fair_tags_key``."""
+    return f"{PREFIX}:fair:{queue_name}:state"
+
+
 def waiting_items_key(queue_name: str) -> str:
     """The number of bulk batch items waiting in an RQ queue (their chunks queued, not yet started)."""
     return f"{PREFIX}:waiting-items:{queue_name}"

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from inferq.api.auth import Owner, tenant_of
+from inferq.api.auth import Owner, submitted_by
 from inferq.api.deps import AppState, Model, State, get_model, route_model
 from inferq.api.errors import error_response
 from inferq.api.inputs import prefer_wait, read_body
@@ -191,8 +191,7 @@ async def _infer(
         max_queue_length=config.max_queue_length,
         idempotency_key=idempotency_key or None,
         owner=owner,
-        tenant=(tenant := tenant_of(request)).name,
-        jobs_per_minute=tenant.quotas.jobs_per_minute,
+        **submitted_by(request),
     )
     shard = state.for_model(config)
     job = await enqueue_job_async(shard.aredis, settings, submission, shards.new_id(shard.name), waited=wait_s > 0)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from inferq.api.auth import Owner
+from inferq.api.auth import Owner, fair_order_of
 from inferq.api.bulk_upload import LineChecker, read_upload
 from inferq.api.deps import Routed, State
 from inferq.api.schemas import ERRORS
@@ -101,6 +101,7 @@ async def submit_batch(
         owner,
         webhook,
         config.max_queue_length,
+        **fair_order_of(request),
     )
     checker = LineChecker(config, settings, writer)
     try:

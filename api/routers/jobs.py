@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from inferq.api.auth import Owner, require_key, tenant_of
+from inferq.api.auth import Owner, require_key, submitted_by
 from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, route_model, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
@@ -144,8 +144,7 @@ async def submit_job(
         max_queue_length=config.max_queue_length,
         idempotency_key=idempotency_key or None,
         owner=owner,
-        tenant=(tenant := tenant_of(request)).name,
-        jobs_per_minute=tenant.quotas.jobs_per_minute,
+        **submitted_by(request),
     )
     if submission.webhook:
         await check_webhook_target_async(submission.webhook, settings.webhook_allow)

@@ -21,7 +21,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from rq.utils import current_timestamp, now, utcformat
 
-from inferq.shared import durability, keys
+from inferq.shared import durability, keys, tenants
 from inferq.shared.lifecycle import bulk_scripts, calls, layout
 from inferq.shared.lifecycle.lua import CANCELED_LINE_TAIL, told
 from inferq.shared.lifecycle.upload import BatchWriter
@@ -52,6 +52,10 @@ class NewBatch:
     owner: str | None = None
     webhook: str | None = None
     idempotency: tuple[str, str] | None = None  # (key, "<batch id> <fingerprint>")
+    # Whose batch it is, and whether (with what weight) its chunks are queued in fair order among the tenants'.
+    tenant: str = tenants.DEFAULT
+    fair: bool = False
+    weight: float = 1.0
 
     @property
     def total(self) -> int:
@@ -73,6 +77,9 @@ def enqueue_batch(
         owner=new.owner,
         webhook=new.webhook,
         max_queue_length=max_queue_length,
+        tenant=new.tenant,
+        fair=new.fair,
+        weight=new.weight,
     )
     for line in new.refused:
         writer.fail(line)

@@ -61,6 +61,9 @@ class NewJob:
     idempotency_ttl_s: int = 0
     tenant: str = tenants.DEFAULT
     jobs_per_minute: int | None = None  # the tenant's quota (None: none)
+    # Several tenants: the job is queued in weighted fair order among them (lua/lib/fair.lua), by its weight.
+    fair: bool = False
+    weight: float = 1.0
 
 
 @lru_cache(maxsize=1024)
@@ -113,13 +116,16 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     qk = layout.queue_keys(queue_name)
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
-    fixed.append(keys.tenant_rate_key(new.tenant))
+    fixed += [keys.tenant_rate_key(new.tenant), keys.fair_tags_key(queue_name), keys.fair_state_key(queue_name)]
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
         "idempotency": idem_value,
         "idempotency_ttl": new.idempotency_ttl_s,
         "per_minute": new.jobs_per_minute or 0,
+        "fair": "1" if new.fair else "0",
+        "tenant": new.tenant,
+        "cost": repr(1.0 / new.weight),
         "payload": new.payload,
         "payload_ttl": new.live_s,
         "info_ttl": new.info_ttl_s,

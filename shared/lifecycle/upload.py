@@ -29,7 +29,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.utils import now, utcformat
 
-from inferq.shared import durability, keys
+from inferq.shared import durability, keys, tenants
 from inferq.shared.errors import PayloadTooLarge
 from inferq.shared.lifecycle import bulk_scripts, calls, layout, submit
 from inferq.shared.lifecycle.info import at_upload
@@ -76,8 +76,13 @@ class BatchWriter:
         owner: str | None = None,
         webhook: str | None = None,
         max_queue_length: int | None = None,
+        tenant: str = tenants.DEFAULT,
+        fair: bool = False,
+        weight: float = 1.0,
     ) -> None:
         self.connection, self.settings = connection, settings
+        # Whose upload it is; with several tenants its chunks are queued in weighted fair order (lib/fair.lua).
+        self.tenant, self.fair, self.weight = tenant, fair, weight
         self.id, self.model, self.lane = batch_id, model, lane
         self.chunk_size, self.result_ttl_s = chunk_size, result_ttl_s
         self.owner, self.webhook = owner, webhook
@@ -198,11 +203,14 @@ class BatchWriter:
         for start in range(0, chunks, PUSH_SLICE_CHUNKS):
             numbers = range(start, min(start + PUSH_SLICE_CHUNKS, chunks))
             ids = [keys.chunk_id(self.id, n) for n in numbers]
-            items = sum(min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers)
+            sizes = [min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers]
             per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
             ttls = {"job_ttl": self.settings.batch_window_s, "payload_ttl": self.live_s, "info_ttl": self.info_ttl_s}
-            args = {**ttls, "waiting_ttl": self.live_s, "items": items, "ids": ids}
-            bulk_scripts.PUSH_CHUNKS(self.connection, [qk.queue, waiting], per_chunk, args)
+            fair = {"fair": "1" if self.fair else "0", "tenant": self.tenant}
+            costs = [repr(size / self.weight) for size in sizes]
+            args = {**ttls, "waiting_ttl": self.live_s, "items": sum(sizes), **fair, "ids": ids, "costs": costs}
+            fixed = [qk.queue, waiting, keys.fair_tags_key(self.queue_name), keys.fair_state_key(self.queue_name)]
+            bulk_scripts.PUSH_CHUNKS(self.connection, fixed, per_chunk, args)
         hk = layout.hooks()
         fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.batch_delivery_key(self.id)]
         fixed += [hk.queue, layout.QUEUES_SET]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from inferq.shared.redis_server import free_port
-from tests.support.stack import _ready, new_stack, serving
+from tests.support.stack import Stack, _ready, new_stack, serving
 from tests.support.waiting import wait_until
 
 TENANTS = [
@@ -91,3 +93,73 @@ def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> 
         me = httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).json()
         assert me == {"name": "default", "weight": 1.0, "quotas": me["quotas"], "use": {"jobs_per_minute": None}}
         assert set(me["quotas"].values()) == {None}
+
+
+def _fair_stack(tmp_path: Path, weights: dict[str, float]) -> tuple[Stack, dict[str, str]]:
+    tenants = [{"name": name, "key": f"key-{name}", "weight": weight} for name, weight in weights.items()]
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants), INFERQ_TEST_SLOW_S="0.02")
+    return stack, {name: f"key-{name}" for name in weights}
+
+
+@pytest.mark.parametrize(("weights", "heavy_share"), [({"a": 1, "b": 1}, 0.5), ({"a": 3, "b": 1}, 0.75)])
+def test_backlogged_tenants_get_completions_by_their_weights_whoever_queued_first(
+    tmp_path: Path, weights: dict[str, float], heavy_share: float
+) -> None:
+    """Tenant a queues its whole backlog first, then b: while both wait, every stretch of 80 completions (ten
+    batches of 8) gives a its weight's share ± 5 %, and b's first job runs in the first batches, not after a's."""
+    stack, keys_of = _fair_stack(tmp_path, weights)
+    with serving(stack):
+        stack.start_api()
+        url = f"{stack.base}/v1/models/slow/jobs"
+        owner: dict[str, str] = {}
+        with httpx.Client(timeout=10) as client:
+            for tenant, count in (("a", 480), ("b", 480)):
+                for n in range(count):
+                    response = client.post(url, json={"inputs": [n, n]}, headers=_as(keys_of[tenant]))
+                    assert response.status_code == 202, response.text
+                    owner[response.json()["id"]] = tenant
+        assert stack.redis().llen("rq:queue:inferq.slow") == 960  # one RQ queue: rq info counts every job
+        stack.start_worker("slow")
+
+        def views() -> list[dict[str, Any]]:
+            with httpx.Client(timeout=10) as client:
+                return [
+                    client.get(f"{stack.base}/v1/jobs/{i}", headers=_as(keys_of[t])).json() for i, t in owner.items()
+                ]
+
+        wait_until(lambda: {v["status"] for v in views()} == {"finished"}, 180, "every job to finish")
+        ran = [owner[v["id"]] for v in sorted(views(), key=lambda v: (v["started_at"], v["id"]))]
+        both = (
+            480 * 2 if heavy_share == 0.5 else 640
+        )  # while b still waits: all of it at 1:1, a's 480 and 160 of b's at 3:1
+        for start in range(0, both - 79, 80):
+            share = ran[start : start + 80].count("a") / 80
+            assert abs(share - heavy_share) <= 0.05, (start, share, "".join(ran))
+        assert "b" in ran[:16]
+
+
+def test_a_worker_killed_mid_batch_of_mixed_tenants_loses_nothing(tmp_path: Path) -> None:
+    stack, keys_of = _fair_stack(tmp_path, {"a": 1, "b": 1})
+    with serving(stack):
+        stack.start_api()
+        url = f"{stack.base}/v1/models/slow/jobs"
+        owner = {}
+        for n in range(12):
+            for tenant in ("a", "b") if n < 4 else ("a",):
+                response = httpx.post(url, json={"inputs": [n, n]}, headers=_as(keys_of[tenant]), timeout=10)
+                owner[response.json()["id"]] = tenant
+
+        def statuses() -> dict[str, str]:
+            return {
+                i: httpx.get(f"{stack.base}/v1/jobs/{i}", headers=_as(keys_of[t]), timeout=10).json()["status"]
+                for i, t in owner.items()
+            }
+
+        doomed = stack.start_worker("slow", name="doomed", env={"INFERQ_TEST_SLOW_S": "30"})
+        wait_until(lambda: "started" in statuses().values(), 60, "a batch to start")
+        started = [i for i, s in statuses().items() if s == "started"]
+        assert {owner[i] for i in started} == {"a", "b"}  # the batch mixes both tenants
+        doomed.kill()
+        doomed.wait()
+        stack.start_worker("slow", name="after", env={"INFERQ_TEST_SLOW_S": "0"})
+        wait_until(lambda: set(statuses().values()) == {"finished"}, 180, "every job, the killed batch's too")

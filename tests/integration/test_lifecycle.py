@@ -140,12 +140,18 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     _submit(redis, settings, idempotency_key="k1")  # the duplicate path
     canceled_queued = _submit(redis, settings)
     cancel_job(QueueCache(redis), settings, canceled_queued)
+    # Tenants: a quota counted, and the weighted fair order of several (lib/fair.lua), a pivot among them canceled.
+    fair = [_submit(redis, settings, tenant=t, fair=True, jobs_per_minute=100) for t in ("t1", "t1", "t2")]
+    cancel_job(QueueCache(redis), settings, fair[1])
+    _submit(redis, settings, tenant="t3", fair=True)
     expired = _submit(redis, settings)
     redis.delete(JSONJob.key_for(expired))
     redis.hset(keys.info_key(expired), "deadline", f"{time.time() - 1:.3f}")
     items = [BulkItem(f"c{i}", json.dumps({"inputs": [i, i]}).encode(), "application/json") for i in range(6)]
     batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, idempotency=("inferq:idem:b", "x y"))
     bulk.enqueue_batch(redis, settings, batch)
+    fair_batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, tenant="t1", fair=True, weight=2)
+    bulk.enqueue_batch(redis, settings, fair_batch)
     BatchWriter(redis, settings, new_job_id(), "echo", keys.BULK, 4, 600).check_ids([("c0", 1), ("c0", 2)])
     worker = BatchWorker({"echo": echo_runner(4)}, connection=redis, settings=settings, name="declared")
     worker.work(burst=True)

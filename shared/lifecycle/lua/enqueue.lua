@@ -4,11 +4,14 @@
 -- id: the job's; max_length: the most jobs its queue may hold; idempotency: the value its Idempotency-Key
 -- keeps (with idempotency_ttl; unused without the per-item key); per_minute: the tenant's quota (0: none), held
 -- in `rate` by the generic cell rate algorithm (a burst of per_minute jobs, then one every 60/per_minute s), on
--- Redis's clock so every API process counts alike; info, job: the two hashes' fields.
+-- Redis's clock so every API process counts alike; info, job: the two hashes' fields. With several tenants
+-- (fair = '1') the job is queued at its place in weighted fair order (lib/fair.lua: `tenant`, its `cost` over its
+-- weight), else at the tail.
 --
--- KEYS: queue, queues, job, payload, info, rate
+-- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state
 -- KEYS per item: idempotency
--- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, fair, tenant, cost, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- uses: fair
 
 local idem = KEYS[FIXED + 1]
 if idem then
@@ -35,5 +38,9 @@ redis.call('EXPIRE', K.info, A.info_ttl)
 redis.call('SADD', K.queues, K.queue)
 redis.call('HSET', K.job, unpack(A.job))
 redis.call('EXPIRE', K.job, A.job_ttl)
-redis.call('RPUSH', K.queue, A.id)
+if A.fair == '1' then
+  fair_place(K.queue, K.fair_tags, K.fair_state, A.id, A.tenant, tonumber(A.cost), A.job_ttl)
+else
+  redis.call('RPUSH', K.queue, A.id)
+end
 return {'ok', ''}

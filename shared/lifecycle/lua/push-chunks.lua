@@ -1,10 +1,13 @@
 -- push-chunks: A slice of a batch's staged chunks into its queue, in order, each with the TTLs of a queued job from now;
 -- the queue's count of waiting items grows by theirs (`items`; its TTL at least waiting_ttl). Workers may start them
--- at once. ids: the chunks' ids, in their keys' order.
+-- at once. ids: the chunks' ids, in their keys' order. With several tenants (fair = '1') each chunk is queued at
+-- its place in weighted fair order (lib/fair.lua: `tenant`, each chunk's `costs`: its items over the tenant's
+-- weight), else at the tail.
 --
--- KEYS: queue, waiting
+-- KEYS: queue, waiting, fair_tags, fair_state
 -- KEYS per item: job, payload, info
--- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, ids[]
+-- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, fair, tenant, ids[], costs[]
+-- uses: fair
 
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
@@ -13,7 +16,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
   redis.call('EXPIRE', KEYS[k + 2], A.info_ttl)
   n = n + 1
 end
-if n > 0 then redis.call('RPUSH', K.queue, unpack(A.ids, 1, n)) end
+if A.fair == '1' then
+  for i = 1, n do fair_place(K.queue, K.fair_tags, K.fair_state, A.ids[i], A.tenant, tonumber(A.costs[i]), A.job_ttl) end
+elseif n > 0 then
+  redis.call('RPUSH', K.queue, unpack(A.ids, 1, n))
+end
 redis.call('INCRBY', K.waiting, A.items)
 if redis.call('TTL', K.waiting) < tonumber(A.waiting_ttl) then redis.call('EXPIRE', K.waiting, A.waiting_ttl) end
 return n
