@@ -28,6 +28,7 @@ from rq.registry import clean_registries
 
 from bench.bulk import bulk_vs_singles, lanes_latency
 from bench.durability import replica_vs_async
+from bench.fairness import fairness
 from bench.generators import LoadResult, hammer, limited, pick_tool, python_loop
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
@@ -292,6 +293,7 @@ class Bench:
             self.results["shards"] = two_redis_vs_one(
                 self.tmp, self.models["noop"], 2000 if quick else 10000, 1 if quick else 3
             )
+            self.results["fairness"] = fairness(self.redis.url, self.tmp / "models", quick)
             self._inferq()
             if not self.args.skip_peers:
                 for peer in self.args.peers.split(","):

@@ -29,3 +29,30 @@ def test_short_of_the_target_with_cores_to_spare_fails() -> None:
 def test_the_target_met_holds() -> None:
     (row,) = report.shards_rows(_shards(1.9, cpus=8, one_cores=1.0))
     assert row["holds"] is True
+
+
+def _fairness(beside_p99_ms: float, ratio: float = 1.0) -> dict[str, Any]:
+    small = {
+        "model": "digits",
+        "batch_ms": 25.0,
+        "alone": {"p99_ms": 4.0, "samples": 40},
+        "beside_backlog_fair": {"p99_ms": beside_p99_ms, "samples": 40},
+        "beside_backlog_fifo": {"p99_ms": 1900.0, "samples": 10},
+    }
+    return {
+        "fairness": {
+            "on_jobs_per_s": 1000 * ratio,
+            "off_jobs_per_s": 1000,
+            "ratio": ratio,
+            "submit_us": {"on": 150.0, "off": 140.0},
+            "small_tenant": small,
+        }
+    }
+
+
+def test_the_fairness_rows_hold_within_one_batch_and_20_ms_of_alone() -> None:
+    drain, latency = report.fairness_rows(_fairness(48.9))
+    assert drain["holds"] and latency["holds"]  # 4 + 25 + 20 = 49 ms allowed
+    assert "without fairness (one FIFO) 1900 ms" in latency["detail"]
+    drain, latency = report.fairness_rows(_fairness(49.5, ratio=0.85))
+    assert not drain["holds"] and not latency["holds"]
