@@ -50,6 +50,7 @@ from inferq.client_types import (
     QueueFull,
     RefusedLine,
     Retry,
+    Tenant,
     TransportError,
     Unauthorized,
     Unavailable,
@@ -78,6 +79,7 @@ __all__ = [
     "Model",
     "ModelVersion",
     "ModelList",
+    "Tenant",
     "NotFound",
     "PayloadTooLarge",
     "QueueFull",
@@ -192,6 +194,10 @@ class Client(BulkMethods):
         """Every model the API serves, and the model folders it left out."""
         return self._run(flows.models(self))
 
+    def tenant(self) -> Tenant:
+        """The tenant this client's API key belongs to: its name, weight, quotas and their use now."""
+        return self._run(flows.tenant(self))
+
     def reload_models(self) -> dict[str, list[str]]:
         """Have the API read its model repository again now: the served names added, removed, changed, invalid."""
         return self._run(flows.reload_models(self))
@@ -300,6 +306,10 @@ class AsyncClient(AsyncBulkMethods):
     async def models(self) -> ModelList:
         """Every model the API serves, and the model folders it left out."""
         return await self._run(flows.models(self))
+
+    async def tenant(self) -> Tenant:
+        """The tenant this client's API key belongs to; as ``Client.tenant``."""
+        return await self._run(flows.tenant(self))
 
     async def reload_models(self) -> dict[str, list[str]]:
         """Have the API read its model repository again now; as ``Client.reload_models``."""

@@ -48,8 +48,10 @@ from inferq.client_types import (
     Model,
     ModelList,
     Retry,
+    Tenant,
     TransportError,
     WaitTimeout,
+    build,
 )
 
 T = TypeVar("T")
@@ -233,6 +235,11 @@ def events(base: Base, job_id: str) -> Feed[Job]:
 def models(base: Base) -> Flow[ModelList]:
     """``Client.models``."""
     return model_list((yield from send(base, Call("GET", "/v1/models"))).json())
+
+
+def tenant(base: Base) -> Flow[Tenant]:
+    """``Client.tenant``."""
+    return build(Tenant, (yield from send(base, Call("GET", "/v1/tenants/me"))).json())
 
 
 def reload_models(base: Base) -> Flow[dict[str, list[str]]]:

@@ -253,8 +253,9 @@ class Model:
 
 @dataclass(frozen=True)
 class ModelVersion:
-    """One version of a model: its state (loading, warming, ready, failed, unavailable), the weights' SHA-256, the
-    percent of unpinned submits it takes now, its workers and queues, and why it was rolled back, if it was."""
+    """One version of a model: its state (loading, warming, ready, failed, draining, unavailable), the weights'
+    SHA-256, the percent of unpinned submits it takes now, its workers and queues, and why it was rolled back, if it
+    was."""
 
     version: int
     state: str
@@ -280,6 +281,17 @@ class ModelList:
 
     models: list[Model]
     invalid: list[InvalidModel]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """The caller's tenant (its API key's): its name, weight, quotas (None: not limited) and their use now, e.g.
+    ``use["jobs_per_minute"] == {"limit": 600, "used": 12, "retry_after_s": 0}``."""
+
+    name: str
+    weight: float
+    quotas: dict[str, int | None]
+    use: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferq.client import Client
 from inferq.shared.redis_server import free_port
 from tests.support.stack import Stack, _ready, new_stack, serving
 from tests.support.waiting import wait_until
@@ -78,6 +79,9 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         plain = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-plain"), timeout=10).json()
         assert plain["name"] == "key-" + hashlib.sha256(b"key-plain").hexdigest()[:8]
         assert httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).status_code == 401
+        with Client(stack.base, api_key="key-acme") as client:  # the SDK reads the same
+            tenant = client.tenant()
+        assert (tenant.name, tenant.quotas["jobs_per_minute"], tenant.use["jobs_per_minute"]["used"]) == ("acme", 4, 4)
         # Every key the quota wrote expires (it is gone once the tenant is back to a full burst).
         assert 0 < redis.pttl("inferq:tenant:acme:rate") <= 60_000
         # Nothing an API logs names a key.
