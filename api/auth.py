@@ -66,8 +66,9 @@ def fair_order_of(request: Request) -> dict[str, Any]:
 
 
 def submitted_by(request: Request) -> dict[str, Any]:
-    """What a submit records of its tenant: its place in the fair order and its jobs-per-minute quota."""
-    return fair_order_of(request) | {"jobs_per_minute": tenant_of(request).quotas.jobs_per_minute}
+    """What a submit records of its tenant: its place in the fair order and its quotas."""
+    quotas = tenant_of(request).quotas
+    return fair_order_of(request) | {"jobs_per_minute": quotas.jobs_per_minute, "in_flight": quotas.in_flight}
 
 
 async def require_key(

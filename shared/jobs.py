@@ -9,7 +9,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis import Redis
@@ -109,6 +109,7 @@ class Submission:
     # Whose key sent it, and that tenant's jobs-per-minute quota (None: none).
     tenant: str = tenants.DEFAULT
     jobs_per_minute: int | None = None
+    in_flight: int | None = None  # its quota of jobs not yet ended
     # Whether the deployment has several tenants (its jobs are then queued in weighted fair order), and this one's
     # weight.
     fair: bool = False
@@ -169,6 +170,7 @@ def _new_job(
         idempotency_ttl_s=settings.idempotency_ttl_s,
         tenant=submission.tenant,
         jobs_per_minute=submission.jobs_per_minute,
+        in_flight=submission.in_flight,
         fair=submission.fair,
         weight=submission.weight,
     )
@@ -180,10 +182,54 @@ def _existing(verdict: str, existing: str, submission: Submission) -> str | None
     return submit.check_enqueued(verdict, existing, fingerprint, submission.model, submission.tenant)
 
 
+# A tenant's in-flight count (lua/enqueue.lua) drops a job only once it has surely ended. At its quota, the API
+# looks which of the counted jobs ended sooner (finished, failed, canceled, expired) and drops them, then tries
+# once more: at most once a second per tenant and process, so refused submits stay cheap.
+_RQ_ENDED = frozenset({b"finished", b"failed", b"stopped", b"canceled"})
+REPAIR_EVERY_S = 1.0
+_repaired_at: dict[str, float] = {}
+
+
+def _repair_due(tenant: str) -> bool:
+    now = time.monotonic()
+    if now - _repaired_at.get(tenant, -REPAIR_EVERY_S) < REPAIR_EVERY_S:
+        return False
+    _repaired_at[tenant] = now
+    return True
+
+
+def _ended(ids: list[bytes], statuses: list[bytes | None]) -> list[bytes]:
+    return [i for i, status in zip(ids, statuses, strict=True) if status is None or status in _RQ_ENDED]
+
+
+def drop_ended_in_flight(connection: Redis, tenant: str) -> int:
+    """Drop the jobs of ``tenant``'s in-flight count that have ended: how many."""
+    key = keys.tenant_in_flight_key(tenant)
+    ids = cast(list[bytes], connection.zrange(key, 0, -1))
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hget(layout.job_key(job_id.decode()), "status")
+        ended = _ended(ids, pipe.execute())
+    return int(cast(int, connection.zrem(key, *ended))) if ended else 0
+
+
+async def drop_ended_in_flight_async(connection: AsyncRedis, tenant: str) -> int:
+    """``drop_ended_in_flight`` on the API's ``redis.asyncio`` client."""
+    key = keys.tenant_in_flight_key(tenant)
+    ids = cast(list[bytes], await connection.zrange(key, 0, -1))
+    async with connection.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hget(layout.job_key(job_id.decode()), "status")
+        ended = _ended(ids, await pipe.execute())
+    return int(await connection.zrem(key, *ended)) if ended else 0
+
+
 def enqueue_job(queues: QueueCache, settings: Settings, submission: Submission) -> submit.Enqueued:
     """Store the payload and enqueue a real RQ job, atomically and in one round trip."""
     new = _new_job(settings, submission)
     verdict, existing, created_at = submit.enqueue(queues.connection, new)
+    if verdict == "in_flight" and _repair_due(new.tenant) and drop_ended_in_flight(queues.connection, new.tenant):
+        verdict, existing, created_at = submit.enqueue(queues.connection, new)
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
         return submit.read_enqueued(queues.connection, other_id)
@@ -205,6 +251,8 @@ async def enqueue_job_async(
     """
     new = _new_job(settings, submission, job_id, waited)
     verdict, existing, created_at = await submit.enqueue_async(connection, new)
+    if verdict == "in_flight" and _repair_due(new.tenant) and await drop_ended_in_flight_async(connection, new.tenant):
+        verdict, existing, created_at = await submit.enqueue_async(connection, new)
     other_id = _existing(verdict, existing, submission)
     if other_id is not None:
         return await submit.read_enqueued_async(connection, other_id)

@@ -134,6 +134,12 @@ def batch_ids_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:ids"
 
 
+def tenant_in_flight_key(tenant: str) -> str:
+    """A tenant's jobs not yet ended, while it has an in-flight quota: a sorted set of ids scored by when each has
+    surely ended (ms); it expires with the last of them."""
+    return f"{PREFIX}:tenant:{tenant}:in-flight"
+
+
 def fair_tags_key(queue_name: str) -> str:
     """A queue's waiting jobs' virtual finish tags, while several tenants share it (lua/lib/fair.lua); it expires
     with a queued job's TTL and is dropped whenever the queue empties."""

@@ -146,8 +146,9 @@ class Settings(BaseSettings):
     tenants: SecretStr | None = Field(
         default=None,
         description="the tenants: a JSON list, inline or `@/path/to/file.json`, of"
-        ' `{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {"jobs_per_minute": …}}`; each key of'
-        " `INFERQ_API_KEYS` is a tenant of weight 1 too. A key is never logged or stored; see docs/tenants.md",
+        ' `{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {"jobs_per_minute": …, "in_flight": …}}`;'
+        " each key of `INFERQ_API_KEYS` is a tenant of weight 1 too. A key is never logged or stored; see"
+        " docs/tenants.md",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="comma-separated origins browsers may call from; unset: CORS off"

@@ -35,16 +35,16 @@ class Quotas(BaseModel):
 
     # Jobs accepted per minute, over every API process: a burst of this many at once, then one every 60/N s.
     jobs_per_minute: int | None = Field(default=None, ge=1)
-    # Jobs submitted and not yet ended, and bulk lines waiting: refused until they are enforced (a quota that
-    # is configured and silently not held would be worse than none).
+    # Jobs submitted (REST and /v2) and not yet ended, over every API process.
     in_flight: int | None = Field(default=None, ge=1)
+    # Bulk lines waiting: refused until it is enforced (a quota that is configured and silently not held would be
+    # worse than none).
     bulk_lines: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _held(self) -> Quotas:
-        unheld = [name for name in ("in_flight", "bulk_lines") if getattr(self, name) is not None]
-        if unheld:
-            raise ValueError(f"quotas {unheld} are not enforced yet; jobs_per_minute is")
+        if self.bulk_lines is not None:
+            raise ValueError("quota bulk_lines is not enforced yet; jobs_per_minute and in_flight are")
         return self
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any, cast
 
 from fastapi import APIRouter
@@ -13,6 +14,7 @@ from inferq.api.auth import Caller
 from inferq.api.deps import State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys
+from inferq.shared.jobs import drop_ended_in_flight_async
 from inferq.shared.tenants import Quotas
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
@@ -24,8 +26,14 @@ class RateUse(BaseModel):
     retry_after_s: int = Field(description="seconds until a submit is taken again (0: now)")
 
 
+class CountUse(BaseModel):
+    limit: int
+    used: int = Field(description="jobs submitted and not yet ended: a submit is refused once this reaches the limit")
+
+
 class TenantUse(BaseModel):
     jobs_per_minute: RateUse | None = None
+    in_flight: CountUse | None = None
 
 
 class TenantView(BaseModel):
@@ -55,4 +63,15 @@ async def me(tenant: Caller, state: State) -> TenantView:
     if per_minute is not None:
         reads = [_rate_use(shard.aredis, tenant.name, per_minute) for shard in state.shards.values()]
         use.jobs_per_minute = max(await asyncio.gather(*reads), key=lambda r: (r.used, r.retry_after_s))
+    in_flight = tenant.quotas.in_flight
+    if in_flight is not None:
+        counts = [_in_flight(shard.aredis, tenant.name) for shard in state.shards.values()]
+        use.in_flight = CountUse(limit=in_flight, used=max(await asyncio.gather(*counts)))
     return TenantView(name=tenant.name, weight=tenant.weight, quotas=tenant.quotas, use=use)
+
+
+async def _in_flight(client: Any, tenant: str) -> int:
+    """The tenant's jobs not yet ended: the count the submit script keeps, less the ones that ended sooner."""
+    await drop_ended_in_flight_async(client, tenant)
+    now_ms = int(time.time() * 1000)
+    return int(await client.zcount(keys.tenant_in_flight_key(tenant), now_ms, "+inf"))

@@ -61,6 +61,7 @@ class NewJob:
     idempotency_ttl_s: int = 0
     tenant: str = tenants.DEFAULT
     jobs_per_minute: int | None = None  # the tenant's quota (None: none)
+    in_flight: int | None = None  # the tenant's quota of jobs not yet ended (None: none)
     # Several tenants: the job is queued in weighted fair order among them (lua/lib/fair.lua), by its weight.
     fair: bool = False
     weight: float = 1.0
@@ -117,12 +118,15 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
     fixed += [keys.tenant_rate_key(new.tenant), keys.fair_tags_key(queue_name), keys.fair_state_key(queue_name)]
+    fixed.append(keys.tenant_in_flight_key(new.tenant))
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
         "idempotency": idem_value,
         "idempotency_ttl": new.idempotency_ttl_s,
         "per_minute": new.jobs_per_minute or 0,
+        "in_flight_limit": new.in_flight or 0,
+        "live_ms": new.live_s * 1000,
         "fair": "1" if new.fair else "0",
         "tenant": new.tenant,
         "cost": repr(1.0 / new.weight),
@@ -177,6 +181,11 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, te
     reached, or reuse."""
     if verdict == "full":
         raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict == "in_flight":
+        raise QuotaExceeded(
+            f"tenant {tenant} is over its quota in_flight: {existing} of its jobs have not ended; retry once some have",
+            retry_after_s=1,
+        )
     if verdict == "quota":
         retry_s = max(1, math.ceil(int(existing) / 1000))
         raise QuotaExceeded(

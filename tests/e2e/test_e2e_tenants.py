@@ -75,7 +75,7 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         use = me["use"]["jobs_per_minute"]
         assert (use["limit"], use["used"]) == (4, 4) and use["retry_after_s"] >= 1, me
         beta = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-beta"), timeout=10).json()
-        assert (beta["name"], beta["weight"], beta["use"]) == ("beta", 1.0, {"jobs_per_minute": None}), beta
+        assert (beta["name"], beta["weight"], set(beta["use"].values())) == ("beta", 1.0, {None}), beta
         plain = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-plain"), timeout=10).json()
         assert plain["name"] == "key-" + hashlib.sha256(b"key-plain").hexdigest()[:8]
         assert httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).status_code == 401
@@ -95,7 +95,7 @@ def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> 
     with serving(stack):
         stack.start_api()
         me = httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).json()
-        assert me == {"name": "default", "weight": 1.0, "quotas": me["quotas"], "use": {"jobs_per_minute": None}}
+        assert me == {"name": "default", "weight": 1.0, "quotas": me["quotas"], "use": dict.fromkeys(me["use"])}
         assert set(me["quotas"].values()) == {None}
 
 
@@ -167,3 +167,43 @@ def test_a_worker_killed_mid_batch_of_mixed_tenants_loses_nothing(tmp_path: Path
         doomed.wait()
         stack.start_worker("slow", name="after", env={"INFERQ_TEST_SLOW_S": "0"})
         wait_until(lambda: set(statuses().values()) == {"finished"}, 180, "every job, the killed batch's too")
+
+
+def test_a_tenant_at_its_in_flight_quota_is_refused_until_one_of_its_jobs_ends(tmp_path: Path) -> None:
+    """Across two API processes: three jobs not yet ended fill the quota; a fourth is 429 and writes nothing; once one
+    ends (here canceled), the next is taken."""
+    tenants = [
+        {"name": "acme", "key": "key-acme", "quotas": {"in_flight": 3}},
+        {"name": "beta", "key": "key-beta"},
+    ]
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
+    with serving(stack):
+        stack.start_api()
+        other = f"http://127.0.0.1:{free_port()}"
+        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
+        wait_until(lambda: _ready(other), 30, "the second API")
+        redis = stack.redis()
+
+        def submit(base: str, key: str = "key-acme") -> httpx.Response:
+            return httpx.post(f"{base}/v1/models/slow/jobs", json={"inputs": [1, 2]}, headers=_as(key), timeout=10)
+
+        ids = [submit(base).json()["id"] for base in (stack.base, other, stack.base)]  # no worker: they wait
+        jobs_before = sorted(redis.scan_iter("rq:job:*"))
+        refused = submit(other)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "quota_exceeded" and "in_flight" in error["message"], error
+        assert refused.headers["Retry-After"] == "1"
+        assert sorted(redis.scan_iter("rq:job:*")) == jobs_before
+        assert submit(stack.base, "key-beta").status_code == 202  # another tenant's own count
+        me = httpx.get(f"{other}/v1/tenants/me", headers=_as("key-acme"), timeout=10).json()
+        assert me["use"]["in_flight"] == {"limit": 3, "used": 3}, me
+        cancel = httpx.post(f"{stack.base}/v1/jobs/{ids[0]}/cancel", headers=_as("key-acme"), timeout=10)
+        assert cancel.status_code == 200, cancel.text
+
+        def taken() -> bool:  # at most one look a second per API process at which counted jobs ended
+            return submit(other).status_code == 202
+
+        wait_until(taken, 10, "a submit once one of the three ended")
+        assert submit(other).status_code == 429  # three again
+        assert redis.pttl("inferq:tenant:acme:in-flight") > 0

@@ -8,9 +8,13 @@
 -- (fair = '1') the job is queued at its place in weighted fair order (lib/fair.lua: `tenant`, its `cost` over its
 -- weight), else at the tail.
 --
--- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state
+-- in_flight_limit: the tenant's quota of jobs not yet ended (0: none), counted in `in_flight` (a sorted set: id ->
+-- the time, in ms on Redis's clock, by which the job has surely ended, `live_ms` from now; the API drops the ones
+-- that ended sooner when it reaches the quota: shared/jobs.py).
+--
+-- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight
 -- KEYS per item: idempotency
--- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, fair, tenant, cost, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
 -- uses: fair
 
 local idem = KEYS[FIXED + 1]
@@ -19,10 +23,18 @@ if idem then
   if existing then return {'dup', existing} end
 end
 if redis.call('LLEN', K.queue) >= tonumber(A.max_length) then return {'full', ''} end
-local per_minute = tonumber(A.per_minute)
-if per_minute > 0 then
+local per_minute, in_flight_limit = tonumber(A.per_minute), tonumber(A.in_flight_limit)
+local now_ms = 0
+if per_minute > 0 or in_flight_limit > 0 then
   local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if in_flight_limit > 0 then
+  redis.call('ZREMRANGEBYSCORE', K.in_flight, '-inf', now_ms)
+  local count = redis.call('ZCARD', K.in_flight)
+  if count >= in_flight_limit then return {'in_flight', tostring(count)} end
+end
+if per_minute > 0 then
   local interval = 60000 / per_minute
   local tat = tonumber(redis.call('GET', K.rate) or '0') or 0
   if tat < now_ms then tat = now_ms end
@@ -30,6 +42,11 @@ if per_minute > 0 then
   if now_ms < allowed_at then return {'quota', tostring(math.ceil(allowed_at - now_ms))} end
   tat = tat + interval
   redis.call('SET', K.rate, string.format('%.3f', tat), 'PX', math.max(1, math.ceil(tat - now_ms)))
+end
+if in_flight_limit > 0 then
+  local until_ms = now_ms + tonumber(A.live_ms)
+  redis.call('ZADD', K.in_flight, until_ms, A.id)
+  if redis.call('PTTL', K.in_flight) < tonumber(A.live_ms) then redis.call('PEXPIRE', K.in_flight, A.live_ms) end
 end
 if idem then redis.call('SET', idem, A.idempotency, 'EX', A.idempotency_ttl) end
 redis.call('SET', K.payload, A.payload, 'EX', A.payload_ttl)
