@@ -140,6 +140,12 @@ def tenant_in_flight_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:in-flight"
 
 
+def tenant_bulk_lines_key(tenant: str) -> str:
+    """A tenant's uploads and their lines still waiting, as last counted, while it has a bulk_lines quota: a hash of
+    batch id -> lines; it expires with the last of its batches' records."""
+    return f"{PREFIX}:tenant:{tenant}:bulk-lines"
+
+
 def fair_tags_key(queue_name: str) -> str:
     """A queue's waiting jobs' virtual finish tags, while several tenants share it (lua/lib/fair.lua); it expires
     with a queued job's TTL and is dropped whenever the queue empties."""

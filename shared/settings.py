@@ -146,7 +146,8 @@ class Settings(BaseSettings):
     tenants: SecretStr | None = Field(
         default=None,
         description="the tenants: a JSON list, inline or `@/path/to/file.json`, of"
-        ' `{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {"jobs_per_minute": …, "in_flight": …}}`;'
+        ' `{"name": …, "key": … or "key_sha256": …, "weight": 1,'
+        ' "quotas": {"jobs_per_minute": …, "in_flight": …, "bulk_lines": …}}`;'
         " each key of `INFERQ_API_KEYS` is a tenant of weight 1 too. A key is never logged or stored; see"
         " docs/tenants.md",
     )

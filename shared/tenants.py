@@ -37,15 +37,8 @@ class Quotas(BaseModel):
     jobs_per_minute: int | None = Field(default=None, ge=1)
     # Jobs submitted (REST and /v2) and not yet ended, over every API process.
     in_flight: int | None = Field(default=None, ge=1)
-    # Bulk lines waiting: refused until it is enforced (a quota that is configured and silently not held would be
-    # worse than none).
+    # Lines of its uploads (bulk batches, either lane) still waiting to run, over every API process.
     bulk_lines: int | None = Field(default=None, ge=1)
-
-    @model_validator(mode="after")
-    def _held(self) -> Quotas:
-        if self.bulk_lines is not None:
-            raise ValueError("quota bulk_lines is not enforced yet; jobs_per_minute and in_flight are")
-        return self
 
 
 class TenantSpec(BaseModel):

@@ -12,12 +12,12 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from inferq.api.auth import Owner, fair_order_of
+from inferq.api.auth import Owner, fair_order_of, tenant_of
 from inferq.api.bulk_upload import LineChecker, read_upload
 from inferq.api.deps import Routed, State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys, shards
-from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull
+from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded
 from inferq.shared.lifecycle import bulk, upload
 from inferq.shared.lifecycle.upload import BatchWriter
 from inferq.shared.urls import check_webhook_target_async
@@ -35,6 +35,8 @@ RESULTS_PAGE = 1000
 RESULTS_OFFSET_MAX = 2**32 - 1
 # How long a replayed upload waits for its first upload, still being queued, to be answered before a 409.
 PENDING_WAIT_S = 10.0
+# What a tenant past its bulk_lines quota is told to wait: lines run in batches, not one by one.
+LINES_RETRY_S = 10
 _UPLOAD_BODY = {
     "requestBody": {
         "required": True,
@@ -87,6 +89,11 @@ async def submit_batch(
     if held is not None:  # a replay: the body is only read for its fingerprint, nothing is written
         await read_upload(request, settings, None, fingerprint)
         return await _replayed(request, state, owner, held.decode(), fingerprint.hexdigest())
+    lines_limit = tenant_of(request).quotas.bulk_lines
+    if lines_limit is not None:  # at the quota already: refused before a line is read (the commit checks again)
+        waiting = await bulk.recount_bulk_lines_async(shard.aredis, tenant_of(request).name)
+        if waiting >= lines_limit:
+            raise _over_lines(tenant_of(request).name, waiting, lines_limit)
     batch_id = shards.new_id(shard.name)
     max_batch = min(config.max_batch, settings.max_batch or config.max_batch)
     result_ttl_s = result_ttl or settings.result_ttl_s
@@ -102,6 +109,7 @@ async def submit_batch(
         webhook,
         config.max_queue_length,
         **fair_order_of(request),
+        bulk_lines=lines_limit,
     )
     checker = LineChecker(config, settings, writer)
     try:
@@ -120,12 +128,23 @@ async def submit_batch(
         return await _replayed(request, state, owner, existing, fingerprint.hexdigest())
     if verdict == "full":
         raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
+    if verdict == "lines":
+        raise _over_lines(tenant_of(request).name, int(existing), cast(int, lines_limit), writer.items)
     if verdict == "stale":
         raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
     view = await bulk.read_batch_async(shard.aredis, batch_id, owner)
     if view is None:
         raise NotFound(f"the batch {batch_id} has expired")
     return _accepted(request, view, checker.refusals.count, checker.refusals.shown)
+
+
+def _over_lines(tenant: str, waiting: int, limit: int, lines: int = 0) -> QuotaExceeded:
+    upload = f"; this upload has {lines}" if lines else ""
+    return QuotaExceeded(
+        f"tenant {tenant} is over its quota bulk_lines: {waiting} of its {limit} upload lines still wait{upload};"
+        " retry once they have run",
+        retry_after_s=LINES_RETRY_S,
+    )
 
 
 async def _replayed(request: Request, state: State, owner: str | None, held: str, fingerprint: str) -> JSONResponse:

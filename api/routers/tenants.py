@@ -15,6 +15,7 @@ from inferq.api.deps import State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys
 from inferq.shared.jobs import drop_ended_in_flight_async
+from inferq.shared.lifecycle.bulk import recount_bulk_lines_async
 from inferq.shared.tenants import Quotas
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
@@ -31,9 +32,15 @@ class CountUse(BaseModel):
     used: int = Field(description="jobs submitted and not yet ended: a submit is refused once this reaches the limit")
 
 
+class LinesUse(BaseModel):
+    limit: int
+    used: int = Field(description="lines of its uploads still waiting: an upload is refused past the limit")
+
+
 class TenantUse(BaseModel):
     jobs_per_minute: RateUse | None = None
     in_flight: CountUse | None = None
+    bulk_lines: LinesUse | None = None
 
 
 class TenantView(BaseModel):
@@ -67,6 +74,10 @@ async def me(tenant: Caller, state: State) -> TenantView:
     if in_flight is not None:
         counts = [_in_flight(shard.aredis, tenant.name) for shard in state.shards.values()]
         use.in_flight = CountUse(limit=in_flight, used=max(await asyncio.gather(*counts)))
+    bulk_lines = tenant.quotas.bulk_lines
+    if bulk_lines is not None:
+        lines = [recount_bulk_lines_async(shard.aredis, tenant.name) for shard in state.shards.values()]
+        use.bulk_lines = LinesUse(limit=bulk_lines, used=max(await asyncio.gather(*lines)))
     return TenantView(name=tenant.name, weight=tenant.weight, quotas=tenant.quotas, use=use)
 
 

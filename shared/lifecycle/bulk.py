@@ -56,6 +56,7 @@ class NewBatch:
     tenant: str = tenants.DEFAULT
     fair: bool = False
     weight: float = 1.0
+    bulk_lines: int | None = None  # the tenant's quota of upload lines waiting
 
     @property
     def total(self) -> int:
@@ -80,6 +81,7 @@ def enqueue_batch(
         tenant=new.tenant,
         fair=new.fair,
         weight=new.weight,
+        bulk_lines=new.bulk_lines,
     )
     for line in new.refused:
         writer.fail(line)
@@ -93,6 +95,29 @@ def read_batch(connection: Redis, batch_id: str, owner: str | None = None) -> di
     if not keys.JOB_ID_RE.match(batch_id):
         return None
     return batch_view(batch_id, cast(dict[bytes, bytes], connection.hgetall(keys.batch_key(batch_id))), owner)
+
+
+async def recount_bulk_lines_async(connection: AsyncRedis, tenant: str) -> int:
+    """A tenant's upload lines still waiting, as its batches' records say now: each batch's count in the tenant's
+    bulk_lines hash (lua/queue-batch.lua) is brought down to its record's, and an ended or expired batch dropped."""
+    key = keys.tenant_bulk_lines_key(tenant)
+    batches = [b.decode() for b in await cast(Awaitable[list[bytes]], connection.hkeys(key))]
+    if not batches:
+        return 0
+    async with connection.pipeline(transaction=False) as pipe:
+        for batch in batches:
+            pipe.hmget(keys.batch_key(batch), ["queued", "ended_at"])
+        records = cast(list[list[bytes | None]], await pipe.execute())
+    waiting = {b: int(queued or 0) for b, (queued, ended) in zip(batches, records, strict=True) if not ended}
+    gone = [b for b in batches if not waiting.get(b)]
+    async with connection.pipeline(transaction=False) as pipe:
+        if gone:
+            pipe.hdel(key, *gone)
+        for batch, count in waiting.items():
+            if count:
+                pipe.hset(key, batch, str(count))  # never raises a count: the script's may be newer
+        await pipe.execute()
+    return sum(waiting.values())
 
 
 async def read_batch_async(connection: AsyncRedis, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:

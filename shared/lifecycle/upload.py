@@ -79,10 +79,12 @@ class BatchWriter:
         tenant: str = tenants.DEFAULT,
         fair: bool = False,
         weight: float = 1.0,
+        bulk_lines: int | None = None,
     ) -> None:
         self.connection, self.settings = connection, settings
         # Whose upload it is; with several tenants its chunks are queued in weighted fair order (lib/fair.lua).
         self.tenant, self.fair, self.weight = tenant, fair, weight
+        self.bulk_lines = bulk_lines  # the tenant's quota of upload lines waiting (None: none)
         self.id, self.model, self.lane = batch_id, model, lane
         self.chunk_size, self.result_ttl_s = chunk_size, result_ttl_s
         self.owner, self.webhook = owner, webhook
@@ -148,7 +150,8 @@ class BatchWriter:
     def commit(
         self, idempotency: tuple[str, str] | None = None, refused_count: int = 0, refused: Sequence[Any] = ()
     ) -> tuple[str, str]:
-        """Queue and publish the batch: ("ok", ""), ("dup", the key's value), ("full", "") or ("stale", "").
+        """Queue and publish the batch: ("ok", ""), ("dup", the key's value), ("full", ""), ("stale", "") or
+        ("lines", the tenant's lines waiting: past its bulk_lines quota).
 
         ``refused`` (the refused lines the answer lists, of ``refused_count``) is kept for a replay of the upload.
         """
@@ -183,7 +186,7 @@ class BatchWriter:
         waiting = keys.waiting_items_key(self.queue_name)
         fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(self.id), keys.batch_chunks_key(self.id)]
         fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key, waiting]
-        fixed += [layout.job_key(keys.chunk_id(self.id, 0))]
+        fixed += [layout.job_key(keys.chunk_id(self.id, 0)), keys.tenant_bulk_lines_key(self.tenant)]
         args: dict[str, Any] = {
             "has_idempotency": "1" if idempotency else "0",
             "idempotency_value": idem_value,
@@ -193,6 +196,8 @@ class BatchWriter:
             "max_items": "" if self.max_items is None else self.max_items,
             "chunks": chunks,
             "items": self.items,
+            "batch": self.id,
+            "lines_limit": self.bulk_lines or 0,
             "record": record,
         }
         verdict, existing = (_text(v) for v in bulk_scripts.QUEUE_BATCH(self.connection, fixed, args=args))

@@ -207,3 +207,46 @@ def test_a_tenant_at_its_in_flight_quota_is_refused_until_one_of_its_jobs_ends(t
         wait_until(taken, 10, "a submit once one of the three ended")
         assert submit(other).status_code == 429  # three again
         assert redis.pttl("inferq:tenant:acme:in-flight") > 0
+
+
+def _lines(count: int, tag: str) -> bytes:
+    return b"".join(json.dumps({"custom_id": f"{tag}{n}", "inputs": [n, n]}).encode() + b"\n" for n in range(count))
+
+
+def test_a_tenant_past_its_bulk_lines_quota_is_refused_and_its_refused_upload_leaves_nothing(tmp_path: Path) -> None:
+    tenants = [{"name": "acme", "key": "key-acme", "quotas": {"bulk_lines": 10}}, {"name": "beta", "key": "key-beta"}]
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
+    with serving(stack):
+        stack.start_api()
+        other = f"http://127.0.0.1:{free_port()}"
+        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
+        wait_until(lambda: _ready(other), 30, "the second API")
+        redis = stack.redis()
+
+        def upload(base: str, count: int, tag: str, key: str = "key-acme") -> httpx.Response:
+            return httpx.post(
+                f"{base}/v1/models/slow/batches",
+                content=_lines(count, tag),
+                headers=_as(key) | {"content-type": "application/jsonl"},
+                timeout=30,
+            )
+
+        first = upload(stack.base, 8, "a")  # no worker: its lines wait
+        assert first.status_code == 202, first.text
+        keys_before = sorted(k for k in redis.scan_iter("*") if not k.startswith(b"inferq:tenant:"))
+        over = upload(other, 5, "b")  # 8 + 5 > 10: refused when it is queued, once read
+        assert over.status_code == 429, over.text
+        error = over.json()["error"]
+        assert error["code"] == "quota_exceeded" and "bulk_lines" in error["message"], error
+        assert over.headers["Retry-After"] == "10"
+        assert sorted(k for k in redis.scan_iter("*") if not k.startswith(b"inferq:tenant:")) == keys_before
+        assert upload(other, 2, "c").status_code == 202  # 10: the quota, not past it
+        early = upload(stack.base, 1, "d")  # at the quota: refused before a line is read
+        assert early.status_code == 429 and "10 of its 10" in early.json()["error"]["message"], early.text
+        assert upload(stack.base, 5, "e", key="key-beta").status_code == 202  # another tenant's own count
+        me = httpx.get(f"{other}/v1/tenants/me", headers=_as("key-acme"), timeout=10).json()
+        assert me["use"]["bulk_lines"] == {"limit": 10, "used": 10}, me
+        canceled = httpx.post(first.json()["urls"]["cancel"], headers=_as("key-acme"), timeout=10)
+        assert canceled.status_code == 200, canceled.text
+        assert upload(other, 5, "f").status_code == 202  # the canceled batch's lines no longer count
+        assert redis.ttl("inferq:tenant:acme:bulk-lines") > 0

@@ -150,7 +150,9 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     items = [BulkItem(f"c{i}", json.dumps({"inputs": [i, i]}).encode(), "application/json") for i in range(6)]
     batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, idempotency=("inferq:idem:b", "x y"))
     bulk.enqueue_batch(redis, settings, batch)
-    fair_batch = NewBatch(new_job_id(), "echo", keys.BULK, 4, 600, items=items, tenant="t1", fair=True, weight=2)
+    fair_batch = NewBatch(
+        new_job_id(), "echo", keys.BULK, 4, 600, items=items, tenant="t1", fair=True, weight=2, bulk_lines=100
+    )
     bulk.enqueue_batch(redis, settings, fair_batch)
     BatchWriter(redis, settings, new_job_id(), "echo", keys.BULK, 4, 600).check_ids([("c0", 1), ("c0", 2)])
     worker = BatchWorker({"echo": echo_runner(4)}, connection=redis, settings=settings, name="declared")

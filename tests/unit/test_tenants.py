@@ -41,7 +41,7 @@ def test_a_key_given_as_its_sha256_is_checked_as_the_key_itself() -> None:
         ([{"name": "a b", "key": "s3cret"}], "0.name"),
         ([{"name": "a", "key": "s3cret", "weight": 0}], "0.weight"),
         ([{"name": "a", "key": "s3cret", "quotas": {"jobs_per_minute": 0}}], "jobs_per_minute"),
-        ([{"name": "a", "key": "s3cret", "quotas": {"bulk_lines": 5}}], "not enforced yet"),
+        ([{"name": "a", "key": "s3cret", "quotas": {"bulk_lines": -1}}], "bulk_lines"),
         ([{"name": "a", "key": "s3cret", "quotas": {"in_flight": 0}}], "in_flight"),
         ([{"name": "a", "key": "s3cret", "extra": 1}], "0.extra"),
         ([{"name": "a", "key": "s3cret"}, {"name": "a", "key": "other"}], "more than once: ['a']"),

@@ -5,10 +5,12 @@
 -- idempotency: the key (the record again when there is none, untouched); has_idempotency "1" or "0", the value it
 -- keeps and its ttl while pending. max_chunks, max_items: the most chunks the queue may hold and items it may have
 -- waiting ('' for no such bound); chunks, items: this batch's. record: the batch record's fields.
--- first_job: the first chunk's job hash (gone when the staged chunks expired).
+-- first_job: the first chunk's job hash (gone when the staged chunks expired). lines_limit: the tenant's quota of
+-- upload lines waiting (0: none), against `tenant_lines` (a hash: batch id -> its lines still waiting, as last
+-- counted; the API brings them down to the records' when it nears the quota): past it, 'lines' and the count.
 --
--- KEYS: queue, queues, record, chunks, results, ids, idempotency, waiting, first_job
--- ARGV: has_idempotency, idempotency_value, idempotency_ttl, record_ttl, max_chunks, max_items, chunks, items, record<>
+-- KEYS: queue, queues, record, chunks, results, ids, idempotency, waiting, first_job, tenant_lines
+-- ARGV: has_idempotency, idempotency_value, idempotency_ttl, record_ttl, max_chunks, max_items, chunks, items, batch, lines_limit, record<>
 
 if A.has_idempotency == '1' then
   local existing = redis.call('GET', K.idempotency)
@@ -19,6 +21,14 @@ local chunks, items = tonumber(A.chunks), tonumber(A.items)
 if A.max_chunks ~= '' and redis.call('LLEN', K.queue) + chunks > tonumber(A.max_chunks) then return {'full', ''} end
 if A.max_items ~= '' and (tonumber(redis.call('GET', K.waiting)) or 0) + items > tonumber(A.max_items) then
   return {'full', ''}
+end
+local lines_limit = tonumber(A.lines_limit)
+if lines_limit > 0 then
+  local waiting = 0
+  for _, n in ipairs(redis.call('HVALS', K.tenant_lines)) do waiting = waiting + (tonumber(n) or 0) end
+  if waiting + items > lines_limit then return {'lines', tostring(waiting)} end
+  redis.call('HSET', K.tenant_lines, A.batch, items)
+  if redis.call('TTL', K.tenant_lines) < tonumber(A.record_ttl) then redis.call('EXPIRE', K.tenant_lines, A.record_ttl) end
 end
 if A.has_idempotency == '1' then redis.call('SET', K.idempotency, A.idempotency_value, 'EX', A.idempotency_ttl) end
 redis.call('HSET', K.record, unpack(A.record))
