@@ -146,6 +146,7 @@ def _new_job(
         submission.webhook,
         submission.owner,
         waited,
+        submission.tenant if submission.tenant != tenants.DEFAULT else None,
     )
     idempotency = None
     if submission.idempotency_key:

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from inferq.shared import keys
+from inferq.shared.tenants import DEFAULT as DEFAULT_TENANT
 
 # Seconds; the top buckets cover long queues and slow models on a busy cluster.
 TIME_BUCKETS_S = (
@@ -135,16 +136,50 @@ def job_increments(
     end_to_end_s: float | None,
     weight: float = 1,
     reason: str | None = None,
+    tenant: str | None = None,
 ) -> None:
-    """What one job a worker ran adds (``weight`` items of a bulk chunk at once)."""
-    count(acc, ENDED, status, weight)
+    """What one job a worker ran adds (``weight`` items of a bulk chunk at once), under its ``tenant``'s names when
+    it has one (``tenant_prefix``)."""
+    at = tenant_prefix(tenant)
+    count(acc, at + ENDED, status, weight)
     if reason is not None:
-        count(acc, FAILED, reason, weight)
+        count(acc, at + FAILED, reason, weight)
     if queued_s is not None:
-        observe(acc, "queued", max(0.0, queued_s), TIME_BUCKETS_S, weight)
-    observe(acc, "inference", max(0.0, inference_s), TIME_BUCKETS_S, weight)
+        observe(acc, at + "queued", max(0.0, queued_s), TIME_BUCKETS_S, weight)
+    observe(acc, at + "inference", max(0.0, inference_s), TIME_BUCKETS_S, weight)
     if end_to_end_s is not None:
-        observe(acc, "e2e", max(0.0, end_to_end_s), TIME_BUCKETS_S, weight)
+        observe(acc, at + "e2e", max(0.0, end_to_end_s), TIME_BUCKETS_S, weight)
+
+
+# A job of a tenant (shared/tenants.py) is counted under field names prefixed by its name and TENANT_SEP, which no
+# tenant name holds: ``acme|ended:finished``. A job without one (no tenants configured) keeps the plain names, and
+# /metrics labels it tenant="default". Tenant names come from the configuration only: the label is bounded.
+TENANT_SEP = "|"
+
+
+def tenant_prefix(tenant: str | None) -> str:
+    return f"{tenant}{TENANT_SEP}" if tenant and tenant != DEFAULT_TENANT else ""
+
+
+def by_tenant(fields: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """A model's fields per tenant, each under its plain names (the default tenant's are the unprefixed ones)."""
+    out: dict[str, dict[str, float]] = {DEFAULT_TENANT: {}}
+    for name, value in fields.items():
+        tenant, sep, plain = name.partition(TENANT_SEP)
+        if sep:
+            out.setdefault(tenant, {})[plain] = value
+        else:
+            out[DEFAULT_TENANT][name] = value
+    return out
+
+
+def fold_tenants(fields: Mapping[str, float]) -> dict[str, float]:
+    """A model's fields with every tenant's added into the plain names: the model as a whole."""
+    out: dict[str, float] = {}
+    for name, value in fields.items():
+        plain = name.partition(TENANT_SEP)[2] or name
+        out[plain] = out.get(plain, 0.0) + value
+    return out
 
 
 def batch_increments(items: int) -> Increments:
@@ -319,9 +354,13 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
     workers = GaugeMetricFamily(
         "inferq_workers", "Live workers serving the model, by state.", labels=["model", "version", "state"]
     )
-    ended = CounterMetricFamily("inferq_jobs_ended", "Jobs ended, by status.", labels=["model", "version", "status"])
+    ended = CounterMetricFamily(
+        "inferq_jobs_ended", "Jobs ended, by status.", labels=["model", "version", "tenant", "status"]
+    )
     failures = CounterMetricFamily(
-        "inferq_job_failures", "Failed or expired jobs, by reason class.", labels=["model", "version", "reason"]
+        "inferq_job_failures",
+        "Failed or expired jobs, by reason class.",
+        labels=["model", "version", "tenant", "reason"],
     )
     rolled_back = GaugeMetricFamily(
         "inferq_version_rolled_back",
@@ -329,9 +368,11 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
         labels=["model", "version"],
     )
     histograms = {
-        name: HistogramMetricFamily(metric, help_text, labels=["model", "version"])
-        for name, metric, _, help_text in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM)
+        name: HistogramMetricFamily(metric, help_text, labels=["model", "version", "tenant"])
+        for name, metric, _, help_text in JOB_HISTOGRAMS
     }
+    batch_name, batch_metric, batch_buckets, batch_help = BATCH_HISTOGRAM
+    batches = HistogramMetricFamily(batch_metric, batch_help, labels=["model", "version"])
     for served, state in sorted(models.items()):
         model, number = keys.split_served(served)
         version = str(number)
@@ -341,15 +382,18 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
         for worker_state, live in state.workers.items():
             workers.add_metric([model, version, worker_state], live)
         rolled_back.add_metric([model, version], 1.0 if state.rolled_back else 0.0)
-        by_status = counters(state.totals, ENDED)
-        for status in STATUSES:
-            ended.add_metric([model, version, status], by_status.get(status, 0.0))
-        for reason, value in sorted(counters(state.totals, FAILED).items()):
-            failures.add_metric([model, version, reason], value)
-        for name, _, buckets, _ in (*JOB_HISTOGRAMS, BATCH_HISTOGRAM):
-            hist = histogram(state.totals, name, buckets)
-            histograms[name].add_metric([model, version], hist.prometheus_buckets(), hist.sum)
-    yield from (depth, age, workers, rolled_back, ended, failures, *histograms.values())
+        for tenant, fields in sorted(by_tenant(state.totals).items()):
+            by_status = counters(fields, ENDED)
+            for status in STATUSES:
+                ended.add_metric([model, version, tenant, status], by_status.get(status, 0.0))
+            for reason, value in sorted(counters(fields, FAILED).items()):
+                failures.add_metric([model, version, tenant, reason], value)
+            for name, _, buckets, _ in JOB_HISTOGRAMS:
+                hist = histogram(fields, name, buckets)
+                histograms[name].add_metric([model, version, tenant], hist.prometheus_buckets(), hist.sum)
+        hist = histogram(state.totals, batch_name, batch_buckets)
+        batches.add_metric([model, version], hist.prometheus_buckets(), hist.sum)
+    yield from (depth, age, workers, rolled_back, ended, failures, *histograms.values(), batches)
 
 
 def _webhook_metrics(fields: Mapping[str, float]) -> Iterator[Metric]:

@@ -85,7 +85,8 @@ def observe(acc: metrics.Increments, item: Item) -> None:
     status, reason = "finished", None
     if item.error is not None:
         status, reason = "failed", metrics.failure_class(item.error)
-    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason)
+    tenant = job.info.get(F.TENANT)  # its tenant label on /metrics
+    metrics.job_increments(acc, status, queued_s, inference_s, end_to_end_s, reason=reason, tenant=tenant)
 
 
 def _view(job: Claimed, status: str, info: dict[str, str], ttl_s: int, result_json: str | None) -> str | None:

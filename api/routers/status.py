@@ -130,8 +130,9 @@ def _status(state: AppState) -> ClusterStatus:
         if draining and not sum(now.workers.values()) and not sum(now.depth.values()):
             continue  # removed and drained (the API forgets it at its next look)
         history = recent[name]
-        complete = history.windows[:-1]  # the current window is still filling
-        span = metrics.merge(fields for _, fields in history.windows)
+        windows = [(start, metrics.fold_tenants(fields)) for start, fields in history.windows]  # the model as a whole
+        complete = windows[:-1]  # the current window is still filling
+        span = metrics.merge(fields for _, fields in windows)
         last_minute = metrics.merge(fields for _, fields in complete[-RATE_WINDOWS:])
         rate = metrics.items_run(last_minute) / (RATE_WINDOWS * metrics.WINDOW_S)
         models.append(
@@ -146,7 +147,7 @@ def _status(state: AppState) -> ClusterStatus:
                 queued_s=_quantiles(span, "queued"),
                 inference_s=_quantiles(span, "inference"),
                 end_to_end_s=_quantiles(span, "e2e"),
-                ended_total=metrics.counters(now.totals, metrics.ENDED),
+                ended_total=metrics.counters(metrics.fold_tenants(now.totals), metrics.ENDED),
                 series=[_point(start, fields) for start, fields in complete],
                 failures=[RecentFailure.model_validate(f) for f in history.failures],
                 rolled_back=reason.decode() if (reason := rolled_back.get(name)) else None,

@@ -23,6 +23,7 @@ class F:
     WEBHOOK = "webhook"
     OWNER = "owner"  # a hash of the submitting API key: only that key sees or cancels the job
     WAITED = "waited"  # "1": a request waits on the job's end, so the worker publishes its view with it
+    TENANT = "tenant"  # the tenant whose key sent it (shared/tenants.py), when the deployment has tenants
     # Written by the finish.
     WEIGHTS = "weights_sha256"  # the content hash of the weights that answered (shared/models.py weights_sha256)
     BATCH_SIZE = "batch_size"
@@ -87,10 +88,18 @@ class JobInfo:
 
 
 def at_submit(
-    model: str, content_type: str, deadline: float, webhook: str | None, owner: str | None, waited: bool
+    model: str,
+    content_type: str,
+    deadline: float,
+    webhook: str | None,
+    owner: str | None,
+    waited: bool,
+    tenant: str | None = None,
 ) -> dict[str, str]:
     """The fields a submit writes."""
     info = {F.MODEL: model, F.CONTENT_TYPE: content_type, F.DEADLINE: f"{deadline:.3f}"}
+    if tenant:
+        info[F.TENANT] = tenant
     if webhook:
         info[F.WEBHOOK] = webhook
     if owner:
@@ -121,10 +130,17 @@ def at_finish(
 
 
 def at_upload(
-    chunk_id: str, model: str, batch_id: str, items: int, content_type: str, deadline: str, custom_ids: str
+    chunk_id: str,
+    model: str,
+    batch_id: str,
+    items: int,
+    content_type: str,
+    deadline: str,
+    custom_ids: str,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The fields a bulk chunk is staged with."""
-    return {
+    info: dict[str, Any] = {
         F.ID: chunk_id,
         F.MODEL: model,
         F.BATCH: batch_id,
@@ -133,3 +149,6 @@ def at_upload(
         F.DEADLINE: deadline,
         F.CUSTOM_IDS: custom_ids,
     }
+    if tenant:
+        info[F.TENANT] = tenant
+    return info

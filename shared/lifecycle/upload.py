@@ -274,7 +274,10 @@ class BatchWriter:
                 per_chunk.append([layout.job_key(chunk_id), keys.info_key(chunk_id)])
                 # The scripts that end a chunk unrun write its lines from its custom ids, never decoding client text.
                 ids = encode_ids(item.custom_id for item in chunk)
-                info = at_upload(chunk_id, self.model, self.id, len(chunk), CHUNK_CONTENT_TYPE, self._deadline, ids)
+                tenant = self.tenant if self.tenant != tenants.DEFAULT else None  # its metrics' tenant label
+                info = at_upload(
+                    chunk_id, self.model, self.id, len(chunk), CHUNK_CONTENT_TYPE, self._deadline, ids, tenant
+                )
                 job = {**self._job, "description": f"{self.model} bulk chunk of {len(chunk)} (batch {self.id})"}
                 staged.append((chunk_id, info, job))
             lists = [keys.batch_chunks_key(self.id), keys.batch_results_key(self.id)]

@@ -54,9 +54,15 @@ def scrape(base: str) -> Samples:
     }
 
 
+# The per-job families, labelled by tenant (no tenants here: the default one).
+PER_JOB = ("inferq_jobs_ended", "inferq_job_failures", "inferq_job_queued", "inferq_job_inference", "inferq_job_end_to")
+
+
 def value(samples: Samples, name: str, **labels: str) -> float:
     if "model" in labels:
         labels.setdefault("version", "1")  # the models here have one version
+    if name.startswith(PER_JOB):
+        labels.setdefault("tenant", "default")
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
@@ -113,9 +119,10 @@ def test_a_failed_item_counts_under_its_reason_and_shows_on_the_status(cluster: 
     view = _ended(stack.base, response.json()["id"])
     assert view["status"] == "failed"
     after = scrape(stack.base)
-    failed = ("inferq_job_failures_total", (("model", "fragile"), ("reason", "ModelError"), ("version", "1")))
+    anyone = ("tenant", "default")
+    failed = ("inferq_job_failures_total", (("model", "fragile"), ("reason", "ModelError"), anyone, ("version", "1")))
     assert after[failed] - before.get(failed, 0.0) == 1
-    ended = ("inferq_jobs_ended_total", (("model", "fragile"), ("status", "failed"), ("version", "1")))
+    ended = ("inferq_jobs_ended_total", (("model", "fragile"), ("status", "failed"), anyone, ("version", "1")))
     assert after[ended] - before[ended] == 1
     status = httpx.get(f"{stack.base}/v1/status", timeout=10).json()
     fragile = next(m for m in status["models"] if m["name"] == "fragile")

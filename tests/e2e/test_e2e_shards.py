@@ -83,8 +83,8 @@ def test_each_job_lives_on_its_models_redis_and_its_id_leads_back_to_it(two: tup
         ).stdout
         assert "inferq.far" in shown and "inferq.slow " not in shown, shown
         scraped = httpx.get(f"{stack.base}/metrics", timeout=10).text
-        assert 'inferq_jobs_ended_total{model="far",status="finished",version="1"}' in scraped
-        assert 'inferq_jobs_ended_total{model="slow",status="finished",version="1"}' in scraped
+        assert 'inferq_jobs_ended_total{model="far",status="finished",tenant="default",version="1"}' in scraped
+        assert 'inferq_jobs_ended_total{model="slow",status="finished",tenant="default",version="1"}' in scraped
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.client import Client
 from inferq.shared.redis_server import free_port
@@ -140,6 +141,16 @@ def test_backlogged_tenants_get_completions_by_their_weights_whoever_queued_firs
             share = ran[start : start + 80].count("a") / 80
             assert abs(share - heavy_share) <= 0.05, (start, share, "".join(ran))
         assert "b" in ran[:16]
+        # /metrics counts each tenant's jobs under its configured name, and no other tenant label.
+        text = httpx.get(f"{stack.base}/metrics", timeout=10).text
+        ended = {
+            sample.labels["tenant"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "inferq_jobs_ended_total" and sample.labels["model"] == "slow"
+            if sample.labels["status"] == "finished"
+        }
+        assert ended == {"default": 0.0, "a": 480.0, "b": 480.0}, ended
 
 
 def test_a_worker_killed_mid_batch_of_mixed_tenants_loses_nothing(tmp_path: Path) -> None:

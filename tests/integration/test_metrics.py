@@ -33,11 +33,11 @@ from tests.support.echo import POISON, echo_runner, submit_echo
 AGREED = {
     "inferq_queue_depth": ("gauge", {"model", "version", "lane"}),
     "inferq_queue_oldest_age_seconds": ("gauge", {"model", "version", "lane"}),
-    "inferq_jobs_ended": ("counter", {"model", "version", "status"}),
-    "inferq_job_failures": ("counter", {"model", "version", "reason"}),
-    "inferq_job_queued_seconds": ("histogram", {"model", "version"}),
-    "inferq_job_inference_seconds": ("histogram", {"model", "version"}),
-    "inferq_job_end_to_end_seconds": ("histogram", {"model", "version"}),
+    "inferq_jobs_ended": ("counter", {"model", "version", "tenant", "status"}),
+    "inferq_job_failures": ("counter", {"model", "version", "tenant", "reason"}),
+    "inferq_job_queued_seconds": ("histogram", {"model", "version", "tenant"}),
+    "inferq_job_inference_seconds": ("histogram", {"model", "version", "tenant"}),
+    "inferq_job_end_to_end_seconds": ("histogram", {"model", "version", "tenant"}),
     "inferq_batch_size": ("histogram", {"model", "version"}),
     "inferq_workers": ("gauge", {"model", "version", "state"}),
     "inferq_version_rolled_back": ("gauge", {"model", "version"}),
@@ -210,6 +210,8 @@ def _scrape(cluster: metrics.Cluster) -> dict[str, object]:
 def test_the_exposition_has_every_agreed_metric_with_its_type_and_labels() -> None:
     totals: metrics.Increments = {}
     metrics.job_increments(totals, "failed", 0.2, 0.03, 0.25, reason="ModelError")
+    metrics.job_increments(totals, "finished", 0.02, 0.03, 0.05, tenant="acme")  # a tenant's job: its own series
+    metrics.job_increments(totals, "finished", 0.02, 0.03, 0.05, tenant="acme")
     totals |= metrics.batch_increments(3)
     http = metrics.RequestCounts()
     http.add("/v1/jobs/{job_id}", "GET", 200, 0.004)
@@ -225,12 +227,15 @@ def test_the_exposition_has_every_agreed_metric_with_its_type_and_labels() -> No
         for sample in family.samples:  # type: ignore[attr-defined]
             assert set(sample.labels) - {"le"} == labels, (name, sample)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}  # type: ignore[attr-defined]
-    v1 = ("version", "1")
-    assert samples[("inferq_job_failures_total", (("model", "digits"), ("reason", "ModelError"), v1))] == 1
-    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "canceled"), v1))] == 0
+    v1, anyone, acme = ("version", "1"), ("tenant", "default"), ("tenant", "acme")
+    assert samples[("inferq_job_failures_total", (("model", "digits"), ("reason", "ModelError"), anyone, v1))] == 1
+    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "canceled"), anyone, v1))] == 0
+    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "finished"), acme, v1))] == 2
+    assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "finished"), anyone, v1))] == 0
     assert samples[("inferq_batch_size_sum", (("model", "digits"), v1))] == 3
-    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.1"), ("model", "digits"), v1))] == 0
-    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.25"), ("model", "digits"), v1))] == 1
+    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.1"), ("model", "digits"), anyone, v1))] == 0
+    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.25"), ("model", "digits"), anyone, v1))] == 1
+    assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.025"), ("model", "digits"), acme, v1))] == 2
     assert samples[("inferq_queue_oldest_age_seconds", (("lane", "bulk"), ("model", "digits"), v1))] == 0
     route = ("route", "/v1/jobs/{job_id}")
     assert samples[("inferq_http_requests_total", (("method", "OTHER"), route, ("status", "405")))] == 1

@@ -598,3 +598,17 @@ def test_manifests_version_write_names_the_file_in_the_kustomization(tmp_path: P
         manifests.render(folder, "digits", 1)
     with pytest.raises(AppError, match="cannot read"):
         manifests.render(folder, "nosuch", 2)
+
+
+def test_dashboard_keeps_tenants_apart_when_it_takes_one_replica_of_each_series() -> None:
+    """Each API replica exposes the whole cluster, so panels take the max per series: a per-job family's series are
+    per tenant too, and a max over tenants would show one tenant's rate, not their sum."""
+    per_job = ("inferq_jobs_ended_total", "inferq_job_failures_total", "inferq_job_queued_seconds_bucket")
+    per_job += ("inferq_job_inference_seconds_bucket", "inferq_job_end_to_end_seconds_bucket")
+    checked = 0
+    for expr in _expressions(_dashboard()):
+        for clause, selector in re.findall(r"max by \(([^)]*)\) \(rate\((\w+)", expr):
+            if selector in per_job:
+                assert "tenant" in clause.split(", "), expr
+                checked += 1
+    assert checked >= 6

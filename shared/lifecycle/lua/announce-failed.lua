@@ -30,7 +30,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('EXPIRE', info, ttl)
       told[#told + 1] = id
       local weight = math.max(items, 1)
-      metrics_flush({['ended:failed'] = weight, ['failed:WorkerDied'] = weight}, m, totals, window)
+      metrics_flush(tenant_incs(info, {['ended:failed'] = weight, ['failed:WorkerDied'] = weight}), m, totals, window)
       note_reason(failures, m, 'WorkerDied',
                   'the worker running this job died (killed or crashed) and no retries were left')
     end

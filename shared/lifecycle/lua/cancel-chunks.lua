@@ -33,7 +33,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     redis.call('DEL', payload)
     redis.call('EXPIRE', job, ttl)
     redis.call('EXPIRE', info, ttl)
-    metrics_add(acc, {['ended:canceled'] = items})
+    metrics_add(acc, tenant_incs(info, {['ended:canceled'] = items}))
   end
 end
 metrics_flush(acc, A.metrics, K.metrics, K.window)

@@ -30,5 +30,5 @@ redis.call('DEL', K.payload)
 announce({info = info, attempts = K.attempts, delivery = K.delivery, job_id = id,
           model = redis.call('HGET', info, F.MODEL) or '', status = 'canceled', ttl = ttl, stamp = stamp,
           channel = A.channel, tpl = A.delivery, hook_queue = K.hook_queue, queues_set = K.queues})
-metrics_flush({['ended:canceled'] = 1}, A.metrics, K.metrics, K.window)
+metrics_flush(tenant_incs(info, {['ended:canceled'] = 1}), A.metrics, K.metrics, K.window)
 return {'ok'}

@@ -40,7 +40,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       batch_progress(record, results, lines, moved, K.waiting, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
-      metrics_add(acc, {['ended:expired'] = items, ['failed:Expired'] = items})
+      metrics_add(acc, tenant_incs(info, {['ended:expired'] = items, ['failed:Expired'] = items}))
       note_reason(K.failures, m, 'Expired', 'expired: still queued when the batch window ended')
     end
     -- Read before the chunk's lines were written: that wrote only `announced`.
@@ -52,7 +52,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       if d.ttl < 1 then d.ttl = tpl.ttl end
       if announce(d) then
         state = 'expired'
-        metrics_add(acc, {['ended:expired'] = 1, ['failed:Expired'] = 1})
+        metrics_add(acc, tenant_incs(info, {['ended:expired'] = 1, ['failed:Expired'] = 1}))
         note_reason(K.failures, m, 'Expired', 'expired: still queued when its deadline passed; it never ran')
       end
     end

@@ -73,6 +73,14 @@ end
 -- Metrics (shared/metrics.py): m is the scripts' @metrics argument {ttl, window_ttl, keep, failures_ttl, now}.
 -- Increments are summed over the run and added once per field to a model's totals and its current window (each
 -- refreshed with its TTL), and its recent failures.
+-- A job's increments under its tenant's names when its info hash names one (shared/metrics.py TENANT_SEP).
+local function tenant_incs(info, incs)
+  local tenant = redis.call('HGET', info, F.TENANT)
+  if not tenant then return incs end
+  local out = {}
+  for name, v in pairs(incs) do out[tenant .. '|' .. name] = v end
+  return out
+end
 local function metrics_add(acc, incs)
   for name, v in pairs(incs) do acc[name] = (acc[name] or 0) + v end
 end
