@@ -12,8 +12,10 @@ from pydantic import BaseModel, Field
 
 from inferq.api.auth import require_key
 from inferq.api.deps import AppState, State
+from inferq.api.routers.tenants import TenantUse, use_of
 from inferq.shared import keys, metrics
 from inferq.shared.lifecycle import census
+from inferq.shared.tenants import Quotas
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 # The charts' span, and the span of the page's throughput figure.
@@ -72,10 +74,25 @@ class ModelStatus(BaseModel):
     )
 
 
+class TenantStatus(BaseModel):
+    name: str
+    weight: float
+    share: float | None = Field(
+        description="its part of the items workers ran over the last minute, all models (null: none ran)"
+    )
+    throughput_per_s: float = Field(description="its items a worker ran per second over the last minute")
+    ended_total: dict[str, float] = Field(description="its jobs ended by status, all models")
+    quotas: Quotas
+    use: TenantUse
+
+
 class ClusterStatus(BaseModel):
     generated_at: float
     window_s: int
     models: list[ModelStatus]
+    tenants: list[TenantStatus] = Field(
+        default_factory=list, description="each configured tenant (none without INFERQ_TENANTS or INFERQ_API_KEYS)"
+    )
     webhooks: dict[str, float] = Field(description="webhook delivery attempts by outcome")
     durability: str = Field(description="what a 202 promises (INFERQ_DURABILITY): async, replica or fsync")
 
@@ -90,7 +107,22 @@ async def page() -> FileResponse:
 async def status(state: State) -> ClusterStatus:
     """Each model's queues, workers, throughput, batch fill, queue and inference time quantiles, charts' data
     over the last minutes and its latest failures: what the status page at ``/`` shows."""
-    return await run_in_threadpool(_status, state)
+    cluster, per_tenant = await run_in_threadpool(_status, state)
+    total = sum(rate for rate, _ in per_tenant.values()) or None
+    for tenant in state.tenants.all:
+        rate, ended = per_tenant.get(tenant.name, (0.0, {}))
+        cluster.tenants.append(
+            TenantStatus(
+                name=tenant.name,
+                weight=tenant.weight,
+                share=None if total is None else rate / total,
+                throughput_per_s=rate,
+                ended_total=ended,
+                quotas=tenant.quotas,
+                use=await use_of(state, tenant),
+            )
+        )
+    return cluster
 
 
 def _quantiles(fields: dict[str, float], name: str) -> Quantiles:
@@ -111,7 +143,24 @@ def _point(start: int, fields: dict[str, float]) -> WindowPoint:
     )
 
 
-def _status(state: AppState) -> ClusterStatus:
+def _per_tenant(
+    recent: dict[str, census.Recent], totals: dict[str, dict[str, float]]
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """Each tenant's items run per second over the last minute and jobs ended by status, all models together."""
+    rates: dict[str, float] = {}
+    ended: dict[str, dict[str, float]] = {}
+    for name, history in recent.items():
+        last_minute = metrics.merge(fields for _, fields in history.windows[:-1][-RATE_WINDOWS:])
+        for tenant, fields in metrics.by_tenant(last_minute).items():
+            rates[tenant] = rates.get(tenant, 0.0) + metrics.items_run(fields) / (RATE_WINDOWS * metrics.WINDOW_S)
+        for tenant, fields in metrics.by_tenant(totals.get(name, {})).items():
+            mine = ended.setdefault(tenant, {})
+            for status, value in metrics.counters(fields, metrics.ENDED).items():
+                mine[status] = mine.get(status, 0.0) + value
+    return {tenant: (rates.get(tenant, 0.0), ended.get(tenant, {})) for tenant in set(rates) | set(ended)}
+
+
+def _status(state: AppState) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float]]]]:
     names = [name for _, placed in state.placed() for name in placed]
     now_s = time.time()
     cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)
@@ -154,10 +203,11 @@ def _status(state: AppState) -> ClusterStatus:
                 draining=draining,
             )
         )
-    return ClusterStatus(
+    status = ClusterStatus(
         generated_at=now_s,
         window_s=metrics.WINDOW_S,
         models=models,
         webhooks=metrics.counters(cluster.webhooks, "outcome"),
         durability=state.settings.durability,
     )
+    return status, _per_tenant(recent, {name: m.totals for name, m in cluster.models.items()})

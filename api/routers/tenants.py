@@ -11,12 +11,12 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from inferq.api.auth import Caller
-from inferq.api.deps import State
+from inferq.api.deps import AppState, State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys
 from inferq.shared.jobs import drop_ended_in_flight_async
 from inferq.shared.lifecycle.bulk import recount_bulk_lines_async
-from inferq.shared.tenants import Quotas
+from inferq.shared.tenants import Quotas, Tenant
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants"])
 
@@ -65,20 +65,26 @@ async def _rate_use(client: Any, tenant: str, per_minute: int) -> RateUse:
 async def me(tenant: Caller, state: State) -> TenantView:
     """The tenant the request's API key belongs to: its name, weight, quotas and what it uses of them now. (With
     several Redis shards a quota holds on each; the one nearest to its limit is shown.)"""
+    return TenantView(name=tenant.name, weight=tenant.weight, quotas=tenant.quotas, use=await use_of(state, tenant))
+
+
+async def use_of(state: AppState, tenant: Tenant) -> TenantUse:
+    """What ``tenant`` uses of its quotas now, on the shard nearest to each limit."""
     use = TenantUse()
+    shards = list(state.shards.values())
     per_minute = tenant.quotas.jobs_per_minute
     if per_minute is not None:
-        reads = [_rate_use(shard.aredis, tenant.name, per_minute) for shard in state.shards.values()]
+        reads = [_rate_use(shard.aredis, tenant.name, per_minute) for shard in shards]
         use.jobs_per_minute = max(await asyncio.gather(*reads), key=lambda r: (r.used, r.retry_after_s))
     in_flight = tenant.quotas.in_flight
     if in_flight is not None:
-        counts = [_in_flight(shard.aredis, tenant.name) for shard in state.shards.values()]
+        counts = [_in_flight(shard.aredis, tenant.name) for shard in shards]
         use.in_flight = CountUse(limit=in_flight, used=max(await asyncio.gather(*counts)))
     bulk_lines = tenant.quotas.bulk_lines
     if bulk_lines is not None:
-        lines = [recount_bulk_lines_async(shard.aredis, tenant.name) for shard in state.shards.values()]
+        lines = [recount_bulk_lines_async(shard.aredis, tenant.name) for shard in shards]
         use.bulk_lines = LinesUse(limit=bulk_lines, used=max(await asyncio.gather(*lines)))
-    return TenantView(name=tenant.name, weight=tenant.weight, quotas=tenant.quotas, use=use)
+    return use
 
 
 async def _in_flight(client: Any, tenant: str) -> int:

@@ -121,10 +121,43 @@ function render(status) {
   for (const [name, entry] of cards) {
     if (!seen.has(name)) { entry.root.remove(); cards.delete(name); }
   }
+  renderTenants(status.tenants || []);
   const workers = status.models.reduce((n, m) => n + (m.workers.busy || 0) + (m.workers.idle || 0), 0);
   document.getElementById("summary").textContent =
     status.models.length + " model(s) · " + workers + " worker slot(s) · durability " + status.durability +
     " · updated " + new Date(status.generated_at * 1000).toLocaleTimeString();
+}
+
+function quotaText(use) {
+  const parts = [];
+  if (use.jobs_per_minute) parts.push("jobs/min " + use.jobs_per_minute.used + " of " + use.jobs_per_minute.limit);
+  if (use.in_flight) parts.push("in flight " + use.in_flight.used + " of " + use.in_flight.limit);
+  if (use.bulk_lines) parts.push("bulk lines " + use.bulk_lines.used + " of " + use.bulk_lines.limit);
+  return parts.join(" · ") || "none set";
+}
+
+function renderTenants(tenants) {
+  const box = document.getElementById("tenants");
+  box.hidden = tenants.length === 0;
+  const body = box.querySelector("tbody");
+  body.textContent = "";
+  for (const tenant of tenants) {
+    const row = document.createElement("tr");
+    const cells = [
+      tenant.name,
+      String(tenant.weight),
+      tenant.share === null ? "–" : (100 * tenant.share).toFixed(1) + " %",
+      tenant.throughput_per_s.toFixed(tenant.throughput_per_s < 10 ? 2 : 0),
+      (tenant.ended_total.finished || 0) + " / " + (tenant.ended_total.failed || 0),
+      quotaText(tenant.use),
+    ];
+    for (const text of cells) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.appendChild(cell);
+    }
+    body.appendChild(row);
+  }
 }
 
 function clearModels() {

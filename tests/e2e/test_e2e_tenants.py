@@ -80,6 +80,10 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         plain = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-plain"), timeout=10).json()
         assert plain["name"] == "key-" + hashlib.sha256(b"key-plain").hexdigest()[:8]
         assert httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).status_code == 401
+        status = httpx.get(f"{stack.base}/v1/status", headers=_as("key-beta"), timeout=10).json()
+        by_name = {t["name"]: t for t in status["tenants"]}  # the status page: every tenant, by name only
+        assert set(by_name) == {"acme", "beta", plain["name"]} and "key-acme" not in json.dumps(status)
+        assert by_name["acme"]["use"]["jobs_per_minute"]["used"] == 4 and by_name["acme"]["weight"] == 3.0
         with Client(stack.base, api_key="key-acme") as client:  # the SDK reads the same
             tenant = client.tenant()
         assert (tenant.name, tenant.quotas["jobs_per_minute"], tenant.use["jobs_per_minute"]["used"]) == ("acme", 4, 4)

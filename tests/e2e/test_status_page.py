@@ -6,6 +6,7 @@ load going a little longer, so the charts have more to draw).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -106,6 +107,12 @@ def test_the_page_shows_the_models_and_runs_a_digit_through_the_playground(
             expect(card.locator(".throughput")).not_to_have_text("0.00", timeout=40_000)
             expect(card.locator(".batch")).not_to_have_text("–")
             expect(page.locator('[data-model="fragile"] .failures li').first).to_contain_text("ModelError")
+            # The one key is the one tenant: every item run is its own, and it has no quota.
+            tenant = page.locator("#tenants tbody tr")
+            expect(tenant).to_have_count(1)
+            expect(tenant).to_contain_text("key-" + hashlib.sha256(KEY.encode()).hexdigest()[:8])
+            expect(tenant).to_contain_text("100.0 %")
+            expect(tenant).to_contain_text("none set")
             if screenshot:
                 page.wait_for_timeout(40_000)  # more windows on the charts
             page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
