@@ -225,7 +225,7 @@ def test_a_tenant_at_its_in_flight_quota_is_refused_until_one_of_its_jobs_ends(t
 
 
 def _lines(count: int, tag: str) -> bytes:
-    return b"".join(json.dumps({"custom_id": f"{tag}{n}", "inputs": [n, n]}).encode() + b"\n" for n in range(count))
+    return b"".join(json.dumps({"custom_id": f"{tag}{n}", "inputs": [1, 2]}).encode() + b"\n" for n in range(count))
 
 
 def test_a_tenant_past_its_bulk_lines_quota_is_refused_and_its_refused_upload_leaves_nothing(tmp_path: Path) -> None:
@@ -265,3 +265,35 @@ def test_a_tenant_past_its_bulk_lines_quota_is_refused_and_its_refused_upload_le
         assert canceled.status_code == 200, canceled.text
         assert upload(other, 5, "f").status_code == 202  # the canceled batch's lines no longer count
         assert redis.ttl("inferq:tenant:acme:bulk-lines") > 0
+
+
+def test_a_tenants_bulk_work_keeps_running_while_another_saturates_the_interactive_lane(tmp_path: Path) -> None:
+    """B's 3,000 interactive items (uploaded to the interactive lane) keep the worker busy for its whole run; A's bulk
+    upload still gets its share of the batches (INFERQ_BULK_SHARE) and ends while B's work still waits."""
+    stack, keys_of = _fair_stack(tmp_path, {"a": 1, "b": 1})
+    stack.env["INFERQ_TEST_SLOW_S"] = "0.05"
+    with serving(stack):
+        stack.start_api()
+
+        def upload(tenant: str, count: int, priority: str) -> dict[str, Any]:
+            response = httpx.post(
+                f"{stack.base}/v1/models/slow/batches",
+                params={"priority": priority},
+                content=_lines(count, tenant),
+                headers=_as(keys_of[tenant]) | {"content-type": "application/jsonl"},
+                timeout=60,
+            )
+            assert response.status_code == 202, response.text
+            return dict(response.json())
+
+        saturating = upload("b", 3000, "interactive")
+        bulk = upload("a", 200, "bulk")
+        stack.start_worker("slow")
+
+        def read(batch: dict[str, Any], tenant: str) -> dict[str, Any]:
+            return dict(httpx.get(batch["urls"]["self"], headers=_as(keys_of[tenant]), timeout=10).json())
+
+        wait_until(lambda: read(bulk, "a")["status"] == "finished", 120, "A's bulk batch to end")
+        assert read(bulk, "a")["counts"]["finished"] == 200
+        b_now = read(saturating, "b")
+        assert b_now["status"] != "finished" and b_now["counts"]["queued"] > 0, b_now  # B still saturates the worker
