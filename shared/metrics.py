@@ -56,6 +56,7 @@ JOB_HISTOGRAMS = (
 )
 BATCH_HISTOGRAM = ("batch", "inferq_batch_size", BATCH_BUCKETS, "Items per batch a worker ran (one per batch).")
 ENDED = "ended"  # counter: jobs ended, by status
+ACCEPTED = "accepted"  # counter: a tenant's jobs (and upload lines) accepted, by lane (the status page's in flight)
 FAILED = "failed"  # counter: failures, by reason class
 STATUSES = ("finished", "failed", "canceled", "expired")
 WEBHOOK_OUTCOMES = ("delivered", "retrying", "gave_up")

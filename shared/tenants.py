@@ -123,6 +123,8 @@ def parse_tenants(raw: str | None, api_keys: Iterable[str] = ()) -> list[Tenant]
     for key in api_keys:
         digest = key_sha256(key)
         tenants.append(Tenant(f"key-{digest[:8]}", digest))
+    if any(t.name == DEFAULT for t in tenants):
+        raise ConfigError(f"INFERQ_TENANTS: the name {DEFAULT!r} is kept for the jobs of a deployment without tenants")
     names = [t.name for t in tenants]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})

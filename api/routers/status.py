@@ -82,6 +82,7 @@ class TenantStatus(BaseModel):
     )
     throughput_per_s: float = Field(description="its items a worker ran per second over the last minute")
     ended_total: dict[str, float] = Field(description="its jobs ended by status, all models")
+    in_flight: float = Field(description="its jobs and upload lines accepted and not yet ended (waiting or running)")
     quotas: Quotas
     use: TenantUse
 
@@ -108,9 +109,9 @@ async def status(state: State) -> ClusterStatus:
     """Each model's queues, workers, throughput, batch fill, queue and inference time quantiles, charts' data
     over the last minutes and its latest failures: what the status page at ``/`` shows."""
     cluster, per_tenant = await run_in_threadpool(_status, state)
-    total = sum(rate for rate, _ in per_tenant.values()) or None
+    total = sum(rate for rate, _, _ in per_tenant.values()) or None
     for tenant in state.tenants.all:
-        rate, ended = per_tenant.get(tenant.name, (0.0, {}))
+        rate, ended, accepted = per_tenant.get(tenant.name, (0.0, {}, 0.0))
         cluster.tenants.append(
             TenantStatus(
                 name=tenant.name,
@@ -118,6 +119,7 @@ async def status(state: State) -> ClusterStatus:
                 share=None if total is None else rate / total,
                 throughput_per_s=rate,
                 ended_total=ended,
+                in_flight=max(0.0, accepted - sum(ended.values())),
                 quotas=tenant.quotas,
                 use=await use_of(state, tenant),
             )
@@ -145,10 +147,12 @@ def _point(start: int, fields: dict[str, float]) -> WindowPoint:
 
 def _per_tenant(
     recent: dict[str, census.Recent], totals: dict[str, dict[str, float]]
-) -> dict[str, tuple[float, dict[str, float]]]:
-    """Each tenant's items run per second over the last minute and jobs ended by status, all models together."""
+) -> dict[str, tuple[float, dict[str, float], float]]:
+    """Each tenant's items run per second over the last minute, jobs ended by status and jobs accepted, all models
+    together."""
     rates: dict[str, float] = {}
     ended: dict[str, dict[str, float]] = {}
+    accepted: dict[str, float] = {}
     for name, history in recent.items():
         last_minute = metrics.merge(fields for _, fields in history.windows[:-1][-RATE_WINDOWS:])
         for tenant, fields in metrics.by_tenant(last_minute).items():
@@ -157,10 +161,14 @@ def _per_tenant(
             mine = ended.setdefault(tenant, {})
             for status, value in metrics.counters(fields, metrics.ENDED).items():
                 mine[status] = mine.get(status, 0.0) + value
-    return {tenant: (rates.get(tenant, 0.0), ended.get(tenant, {})) for tenant in set(rates) | set(ended)}
+            accepted[tenant] = accepted.get(tenant, 0.0) + sum(metrics.counters(fields, metrics.ACCEPTED).values())
+    return {
+        tenant: (rates.get(tenant, 0.0), ended.get(tenant, {}), accepted.get(tenant, 0.0))
+        for tenant in set(rates) | set(ended)
+    }
 
 
-def _status(state: AppState) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float]]]]:
+def _status(state: AppState) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float], float]]]:
     names = [name for _, placed in state.placed() for name in placed]
     now_s = time.time()
     cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)

@@ -149,6 +149,7 @@ function renderTenants(tenants) {
       tenant.share === null ? "–" : (100 * tenant.share).toFixed(1) + " %",
       tenant.throughput_per_s.toFixed(tenant.throughput_per_s < 10 ? 2 : 0),
       (tenant.ended_total.finished || 0) + " / " + (tenant.ended_total.failed || 0),
+      String(Math.round(tenant.in_flight)),
       quotaText(tenant.use),
     ];
     for (const text of cells) {

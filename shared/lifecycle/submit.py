@@ -21,7 +21,7 @@ from redis.asyncio import Redis as AsyncRedis
 from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
-from inferq.shared import durability, keys, tenants
+from inferq.shared import durability, keys, metrics, tenants
 from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded
 from inferq.shared.lifecycle import calls, layout, rqhash, scripts
 from inferq.shared.lifecycle.lua import told
@@ -118,7 +118,7 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
     fixed += [keys.tenant_rate_key(new.tenant), keys.fair_tags_key(queue_name), keys.fair_state_key(queue_name)]
-    fixed.append(keys.tenant_in_flight_key(new.tenant))
+    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model)]
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
@@ -130,6 +130,8 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
         "fair": "1" if new.fair else "0",
         "tenant": new.tenant,
         "cost": repr(1.0 / new.weight),
+        "lane": new.lane,
+        "totals_ttl": metrics.TOTALS_TTL_S,
         "payload": new.payload,
         "payload_ttl": new.live_s,
         "info_ttl": new.info_ttl_s,

@@ -29,7 +29,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.utils import now, utcformat
 
-from inferq.shared import durability, keys, tenants
+from inferq.shared import durability, keys, metrics, tenants
 from inferq.shared.errors import PayloadTooLarge
 from inferq.shared.lifecycle import bulk_scripts, calls, layout, submit
 from inferq.shared.lifecycle.info import at_upload
@@ -211,10 +211,12 @@ class BatchWriter:
             sizes = [min(self.chunk_size, self.items - n * self.chunk_size) for n in numbers]
             per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
             ttls = {"job_ttl": self.settings.batch_window_s, "payload_ttl": self.live_s, "info_ttl": self.info_ttl_s}
-            fair = {"fair": "1" if self.fair else "0", "tenant": self.tenant}
+            fair = {"fair": "1" if self.fair else "0", "tenant": self.tenant, "lane": self.lane}
+            fair["totals_ttl"] = str(metrics.TOTALS_TTL_S)
             costs = [repr(size / self.weight) for size in sizes]
             args = {**ttls, "waiting_ttl": self.live_s, "items": sum(sizes), **fair, "ids": ids, "costs": costs}
             fixed = [qk.queue, waiting, keys.fair_tags_key(self.queue_name), keys.fair_state_key(self.queue_name)]
+            fixed.append(keys.metrics_key(self.model))
             bulk_scripts.PUSH_CHUNKS(self.connection, fixed, per_chunk, args)
         hk = layout.hooks()
         fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.batch_delivery_key(self.id)]

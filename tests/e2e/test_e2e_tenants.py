@@ -84,6 +84,8 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         by_name = {t["name"]: t for t in status["tenants"]}  # the status page: every tenant, by name only
         assert set(by_name) == {"acme", "beta", plain["name"]} and "key-acme" not in json.dumps(status)
         assert by_name["acme"]["use"]["jobs_per_minute"]["used"] == 4 and by_name["acme"]["weight"] == 3.0
+        # No worker: every job each one sent still waits (the status page's "waiting or running").
+        assert [by_name[n]["in_flight"] for n in ("acme", "beta", plain["name"])] == [4, 6, 1], by_name
         with Client(stack.base, api_key="key-acme") as client:  # the SDK reads the same
             tenant = client.tenant()
         assert (tenant.name, tenant.quotas["jobs_per_minute"], tenant.use["jobs_per_minute"]["used"]) == ("acme", 4, 4)

@@ -39,6 +39,7 @@ def test_a_key_given_as_its_sha256_is_checked_as_the_key_itself() -> None:
         ([{"name": "a"}], "give the tenant's key or its key_sha256"),
         ([{"name": "a", "key": "s3cret", "key_sha256": "0" * 64}], "give the tenant's key or its key_sha256"),
         ([{"name": "a b", "key": "s3cret"}], "0.name"),
+        ([{"name": "default", "key": "s3cret"}], "kept for the jobs of a deployment without tenants"),
         ([{"name": "a", "key": "s3cret", "weight": 0}], "0.weight"),
         ([{"name": "a", "key": "s3cret", "quotas": {"jobs_per_minute": 0}}], "jobs_per_minute"),
         ([{"name": "a", "key": "s3cret", "quotas": {"bulk_lines": -1}}], "bulk_lines"),

@@ -12,9 +12,12 @@
 -- the time, in ms on Redis's clock, by which the job has surely ended, `live_ms` from now; the API drops the ones
 -- that ended sooner when it reaches the quota: shared/jobs.py).
 --
--- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight
+-- A tenant's job (any tenant but `default`, the one of a deployment without tenants) is counted as accepted in its
+-- lane in the model's metrics `totals` (shared/metrics.py ACCEPTED): less its ended ones, what it has in flight.
+--
+-- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals
 -- KEYS per item: idempotency
--- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, lane, totals_ttl, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
 -- uses: fair
 
 local idem = KEYS[FIXED + 1]
@@ -55,6 +58,10 @@ redis.call('EXPIRE', K.info, A.info_ttl)
 redis.call('SADD', K.queues, K.queue)
 redis.call('HSET', K.job, unpack(A.job))
 redis.call('EXPIRE', K.job, A.job_ttl)
+if A.tenant ~= 'default' then
+  redis.call('HINCRBYFLOAT', K.totals, A.tenant .. '|accepted:' .. A.lane, 1)
+  redis.call('EXPIRE', K.totals, A.totals_ttl)
+end
 if A.fair == '1' then
   fair_place(K.queue, K.fair_tags, K.fair_state, A.id, A.tenant, tonumber(A.cost), A.job_ttl)
 else

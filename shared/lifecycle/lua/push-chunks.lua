@@ -4,9 +4,11 @@
 -- its place in weighted fair order (lib/fair.lua: `tenant`, each chunk's `costs`: its items over the tenant's
 -- weight), else at the tail.
 --
--- KEYS: queue, waiting, fair_tags, fair_state
+-- A tenant's items (any tenant but `default`) are counted as accepted in their lane in the model's `totals`.
+--
+-- KEYS: queue, waiting, fair_tags, fair_state, totals
 -- KEYS per item: job, payload, info
--- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, fair, tenant, ids[], costs[]
+-- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, fair, tenant, lane, totals_ttl, ids[], costs[]
 -- uses: fair
 
 local n = 0
@@ -22,5 +24,9 @@ elseif n > 0 then
   redis.call('RPUSH', K.queue, unpack(A.ids, 1, n))
 end
 redis.call('INCRBY', K.waiting, A.items)
+if A.tenant ~= 'default' then
+  redis.call('HINCRBYFLOAT', K.totals, A.tenant .. '|accepted:' .. A.lane, A.items)
+  redis.call('EXPIRE', K.totals, A.totals_ttl)
+end
 if redis.call('TTL', K.waiting) < tonumber(A.waiting_ttl) then redis.call('EXPIRE', K.waiting, A.waiting_ttl) end
 return n
