@@ -89,11 +89,12 @@ async def submit_batch(
     if held is not None:  # a replay: the body is only read for its fingerprint, nothing is written
         await read_upload(request, settings, None, fingerprint)
         return await _replayed(request, state, owner, held.decode(), fingerprint.hexdigest())
-    lines_limit = tenant_of(request).quotas.bulk_lines
+    tenant = tenant_of(request)
+    lines_limit = tenant.quotas.bulk_lines
     if lines_limit is not None:  # at the quota already: refused before a line is read (the commit checks again)
-        waiting = await bulk.recount_bulk_lines_async(shard.aredis, tenant_of(request).name)
+        waiting = await bulk.recount_bulk_lines_async(shard.aredis, tenant.name)
         if waiting >= lines_limit:
-            raise _over_lines(tenant_of(request).name, waiting, lines_limit)
+            raise _over_lines(tenant.name, waiting, lines_limit)
     batch_id = shards.new_id(shard.name)
     max_batch = min(config.max_batch, settings.max_batch or config.max_batch)
     result_ttl_s = result_ttl or settings.result_ttl_s
@@ -129,7 +130,7 @@ async def submit_batch(
     if verdict == "full":
         raise QueueFull(f"the {priority} lane of model {config.name} has no room for this batch; retry later")
     if verdict == "lines":
-        raise _over_lines(tenant_of(request).name, int(existing), cast(int, lines_limit), writer.items)
+        raise _over_lines(tenant.name, int(existing), cast(int, lines_limit), writer.items)
     if verdict == "stale":
         raise InvalidInput(f"the upload took longer than {upload.STAGE_TTL_S} seconds to arrive; send it again")
     view = await bulk.read_batch_async(shard.aredis, batch_id, owner)

@@ -24,6 +24,14 @@ TENANTS = [
 ]
 
 
+def _second_api(stack: Stack) -> str:
+    """Another API process on the same Redis, answering: its base URL (a quota must hold across both)."""
+    other = f"http://127.0.0.1:{free_port()}"
+    stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
+    wait_until(lambda: _ready(other), 30, "the second API")
+    return other
+
+
 def _as(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -36,9 +44,7 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
     stack = new_stack(tmp_path, INFERQ_TENANTS=f"@{tenants_file}", INFERQ_API_KEYS="key-plain")
     with serving(stack):
         stack.start_api()
-        other = f"http://127.0.0.1:{free_port()}"
-        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
-        wait_until(lambda: _ready(other), 30, "the second API")
+        other = _second_api(stack)
         bases = [stack.base, other]
         redis = stack.redis()
 
@@ -196,9 +202,7 @@ def test_a_tenant_at_its_in_flight_quota_is_refused_until_one_of_its_jobs_ends(t
     stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
     with serving(stack):
         stack.start_api()
-        other = f"http://127.0.0.1:{free_port()}"
-        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
-        wait_until(lambda: _ready(other), 30, "the second API")
+        other = _second_api(stack)
         redis = stack.redis()
 
         def submit(base: str, key: str = "key-acme") -> httpx.Response:
@@ -235,9 +239,7 @@ def test_a_tenant_past_its_bulk_lines_quota_is_refused_and_its_refused_upload_le
     stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
     with serving(stack):
         stack.start_api()
-        other = f"http://127.0.0.1:{free_port()}"
-        stack.start("api", "--port", other.rsplit(":", 1)[1], name="api2")
-        wait_until(lambda: _ready(other), 30, "the second API")
+        other = _second_api(stack)
         redis = stack.redis()
 
         def upload(base: str, count: int, tag: str, key: str = "key-acme") -> httpx.Response:
