@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,30 +113,38 @@ def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> 
         assert set(me["quotas"].values()) == {None}
 
 
-def _fair_stack(tmp_path: Path, weights: dict[str, float]) -> tuple[Stack, dict[str, str]]:
+def _fair_stack(tmp_path: Path, weights: dict[str, float], slow_s: float = 0.02) -> tuple[Stack, dict[str, str]]:
     tenants = [{"name": name, "key": f"key-{name}", "weight": weight} for name, weight in weights.items()]
-    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants), INFERQ_TEST_SLOW_S="0.02")
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants), INFERQ_TEST_SLOW_S=str(slow_s))
     return stack, {name: f"key-{name}" for name in weights}
 
 
-@pytest.mark.parametrize(("weights", "heavy_share"), [({"a": 1, "b": 1}, 0.5), ({"a": 3, "b": 1}, 0.75)])
-def test_backlogged_tenants_get_completions_by_their_weights_whoever_queued_first(
-    tmp_path: Path, weights: dict[str, float], heavy_share: float
+WINDOW_S = 10.0
+
+
+@pytest.mark.parametrize(
+    ("weights", "queued", "heavy_share"),
+    [({"a": 1, "b": 1}, {"a": 480, "b": 480}, 0.5), ({"a": 3, "b": 1}, {"a": 720, "b": 480}, 0.75)],
+)
+def test_backlogged_tenants_get_completions_by_their_weights_in_every_10_s_window_whoever_queued_first(
+    tmp_path: Path, weights: dict[str, float], queued: dict[str, int], heavy_share: float
 ) -> None:
-    """Tenant a queues its whole backlog first, then b: while both wait, every stretch of 80 completions (ten
-    batches of 8) gives a its weight's share ± 5 %, and b's first job runs in the first batches, not after a's."""
-    stack, keys_of = _fair_stack(tmp_path, weights)
+    """Tenant a queues its whole backlog first, then b; the model takes 0.2 s a batch of 8, so both stay backlogged
+    for at least 960 completions, 24 s. In every 10 s window (by the jobs' end times) while both wait, a gets its
+    weight's share of the completions ± 5 %; b's first job runs in the first batches, not after a's."""
+    stack, keys_of = _fair_stack(tmp_path, weights, slow_s=0.2)
     with serving(stack):
         stack.start_api()
         url = f"{stack.base}/v1/models/slow/jobs"
         owner: dict[str, str] = {}
         with httpx.Client(timeout=10) as client:
-            for tenant, count in (("a", 480), ("b", 480)):
+            for tenant, count in queued.items():
                 for n in range(count):
-                    response = client.post(url, json={"inputs": [n, n]}, headers=_as(keys_of[tenant]))
+                    value = n % 100  # never the model's poison value (666)
+                    response = client.post(url, json={"inputs": [value, value]}, headers=_as(keys_of[tenant]))
                     assert response.status_code == 202, response.text
                     owner[response.json()["id"]] = tenant
-        assert stack.redis().llen("rq:queue:inferq.slow") == 960  # one RQ queue: rq info counts every job
+        assert stack.redis().llen("rq:queue:inferq.slow") == sum(queued.values())  # one RQ queue: rq info counts all
         stack.start_worker("slow")
 
         def views() -> list[dict[str, Any]]:
@@ -144,25 +153,34 @@ def test_backlogged_tenants_get_completions_by_their_weights_whoever_queued_firs
                     client.get(f"{stack.base}/v1/jobs/{i}", headers=_as(keys_of[t])).json() for i, t in owner.items()
                 ]
 
-        wait_until(lambda: {v["status"] for v in views()} == {"finished"}, 180, "every job to finish")
-        ran = [owner[v["id"]] for v in sorted(views(), key=lambda v: (v["started_at"], v["id"]))]
-        both = (
-            480 * 2 if heavy_share == 0.5 else 640
-        )  # while b still waits: all of it at 1:1, a's 480 and 160 of b's at 3:1
-        for start in range(0, both - 79, 80):
-            share = ran[start : start + 80].count("a") / 80
-            assert abs(share - heavy_share) <= 0.05, (start, share, "".join(ran))
+        wait_until(lambda: {v["status"] for v in views()} == {"finished"}, 300, "every job to finish")
+        done = views()
+        ended = sorted((datetime.fromisoformat(v["ended_at"]), owner[v["id"]]) for v in done)
+        ran = [owner[v["id"]] for v in sorted(done, key=lambda v: (v["started_at"], v["id"]))]
+        # Both wait until the first of them has its last job done.
+        both_until = min(max(at for at, t in ended if t == tenant) for tenant in queued)
+        first = ended[0][0]
+        windows = 0
+        while first + timedelta(seconds=WINDOW_S * (windows + 1)) <= both_until:
+            start = first + timedelta(seconds=WINDOW_S * windows)
+            stop = start + timedelta(seconds=WINDOW_S)
+            inside = [tenant for at, tenant in ended if start <= at < stop]
+            share = inside.count("a") / len(inside)
+            assert abs(share - heavy_share) <= 0.05, (windows, len(inside), share)
+            windows += 1
+        # 0.2 s a batch of 8 is at most 40 completions a second: 960 while both wait take 24 s at least.
+        assert windows >= 2, (first, both_until)
         assert "b" in ran[:16]
         # /metrics counts each tenant's jobs under its configured name, and no other tenant label.
         text = httpx.get(f"{stack.base}/metrics", timeout=10).text
-        ended = {
+        counted = {
             sample.labels["tenant"]: sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
             if sample.name == "inferq_jobs_ended_total" and sample.labels["model"] == "slow"
             if sample.labels["status"] == "finished"
         }
-        assert ended == {"default": 0.0, "a": 480.0, "b": 480.0}, ended
+        assert counted == {"default": 0.0, **{t: float(n) for t, n in queued.items()}}, counted
 
 
 def test_a_worker_killed_mid_batch_of_mixed_tenants_loses_nothing(tmp_path: Path) -> None:
