@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,8 @@ from inferq.workers.formats import save_export
 from tests.support.builders import Scale
 from tests.support.docs import walk_through
 from tests.support.models import ROOT
+from tests.support.up import stop_up as _stop
+from tests.support.up import up_serving as _up_serving
 from tests.support.waiting import wait_until
 
 
@@ -221,36 +221,6 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()  # lets `up` stop its Redis and children
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def _up_serving(
-    tmp_path: Path, ready_s: float, **settings: str
-) -> Iterator[tuple[subprocess.Popen[bytes], str, dict[str, str]]]:
-    """`inferq up` run from ``tmp_path`` (its own Redis data under state/, a free port, this checkout's inferq, the
-    ``settings`` given, its output in up.log), once ready: (its process, the API's URL, its environment). Stopped
-    after, as `_stop` stops it, unless the test stopped it itself."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env |= {"INFERQ_PORT": str(port), "INFERQ_DATA_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), **settings}
-    base = f"http://127.0.0.1:{port}"
-    with (tmp_path / "up.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inferq", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
-        try:
-            wait_until(lambda: _answers(f"{base}/readyz"), ready_s, "inferq up to be ready")
-            yield proc, base, env
-        finally:
-            _stop(proc)
-
-
 def test_a_second_up_on_the_same_data_refuses_and_names_the_first(tmp_path: Path) -> None:
     # It used to start a second Redis on the same data directory and AOF, and a second set of workers and
     # webhook senders acting on a copy of the state, while it printed "inferq is up".
@@ -359,13 +329,6 @@ def test_up_serves_a_model_dropped_into_the_repository_and_drains_one_removed_wi
         assert (_children_with(proc.pid, " api "), _children_with(proc.pid, "worker --model digits")) == (api, digits)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=40) == 0
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.mark.timeout(900)
