@@ -24,7 +24,7 @@ from inferq.api.events import EventHub
 from inferq.api.oip.routes import router as v2_router
 from inferq.api.routers import batches, health, jobs, models, status, tenants
 from inferq.api.routers import metrics as metrics_router
-from inferq.shared import connections
+from inferq.shared import connections, tracing
 from inferq.shared.errors import ConfigError
 from inferq.shared.gc_tuning import tune_for_serving
 from inferq.shared.jobs import QueueCache
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if not settings.redis_url:
         raise ConfigError("INFERQ_REDIS_URL is not set (`inferq up` sets it for its children)")
     model_configs = load_model_configs(settings.models_dir, settings.redis_shards)
+    tracing.setup("api")  # OTEL_EXPORTER_OTLP_ENDPOINT set: each API process exports its submit spans
     # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
     open_paths = ", ".join(OPEN_PATHS)
     if settings.tenants is not None and settings.tenant_list:

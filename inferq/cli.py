@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--webhook", help="URL to POST the finished job to")
     submit.add_argument("--priority", choices=("interactive", "bulk"), help="the lane (the API's default: interactive)")
     submit.add_argument("--version", type=int, help="the model's version to run on (default: as its traffic routes)")
+    submit.add_argument(
+        "--traceparent",
+        default=os.environ.get("TRACEPARENT") or None,
+        help="a W3C traceparent the jobs' traces continue (default: $TRACEPARENT, as a CI job or script exports it)",
+    )
     add_api_options(submit)
 
     models = sub.add_parser(
@@ -200,7 +205,7 @@ def _raise_open_files_limit() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from inferq.shared import connections, shards, versions
+    from inferq.shared import connections, shards, tracing, versions
     from inferq.shared.lifecycle.claims import BLOCK_SLICE_S
     from inferq.shared.models import load_model_configs
     from inferq.shared.rqjson import check_rq_version, refuse_pickle
@@ -212,6 +217,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _require_redis(settings)
     check_rq_version()
     refuse_pickle()
+    tracing.setup("worker")  # OTEL_EXPORTER_OTLP_ENDPOINT set: its batches' and jobs' spans are exported
     configs = load_model_configs(settings.models_dir, settings.redis_shards)
     for name in args.model or []:
         if name in configs.invalid:
@@ -289,13 +295,14 @@ def _report_invalid(configs: ModelRepository) -> None:
 
 
 def cmd_webhooks(args: argparse.Namespace) -> int:
-    from inferq.shared import connections
+    from inferq.shared import connections, tracing
     from inferq.shared.rqjson import refuse_pickle
     from inferq.workers.webhooks import webhook_worker
 
     settings = get_settings()
     _require_redis(settings)
     refuse_pickle()
+    tracing.setup("webhooks")  # OTEL_EXPORTER_OTLP_ENDPOINT set: each delivery attempt is a span
     url = settings.redis_urls().get(args.redis)
     if url is None:
         raise ConfigError(f"--redis {args.redis}: INFERQ_REDIS_SHARDS has no such Redis")
@@ -324,6 +331,8 @@ def _submissions(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(what, ``Client.submit`` arguments) per input, every file read first: a missing one submits nothing."""
     out: list[tuple[str, dict[str, Any]]] = []
     flags = {name: getattr(args, name) for name in ("webhook", "priority", "version") if getattr(args, name)}
+    if args.traceparent:
+        flags["traceparent"] = args.traceparent
     for path in args.files:
         try:
             content = path.read_bytes()

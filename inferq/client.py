@@ -138,6 +138,7 @@ class Client(BulkMethods):
         priority: str | None = None,
         idempotency_key: str | None = None,
         version: int | None = None,
+        traceparent: str | None = None,
     ) -> Job:
         """Queue one input for ``model`` and return the queued job at once.
 
@@ -145,10 +146,12 @@ class Client(BulkMethods):
         same, or a PIL image) or ``inputs`` (JSON: a tensor's nested list, a text, an object). ``priority`` is
         "interactive" or "bulk", sent only when given. ``version`` pins the model's version the job runs on (else
         the model's traffic shares route it). Without ``idempotency_key`` one is made, so a retried submit returns
-        the same job.
+        the same job. ``traceparent`` (W3C) continues the caller's trace; without it, the current OpenTelemetry
+        context is sent when the caller's process has one.
         """
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
+        options["traceparent"] = traceparent
         return self._run(flows.submit(self, model, options))
 
     def get(self, job_id: str) -> Job:
@@ -175,11 +178,13 @@ class Client(BulkMethods):
         priority: str | None = None,
         idempotency_key: str | None = None,
         version: int | None = None,
+        traceparent: str | None = None,
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job: ``Prefer: wait`` first, then ``wait()``, ``timeout`` seconds in all."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
+        options["traceparent"] = traceparent
         return self._run(flows.run(self, model, options, timeout))
 
     def cancel(self, job_id: str) -> Job:
@@ -259,10 +264,12 @@ class AsyncClient(AsyncBulkMethods):
         priority: str | None = None,
         idempotency_key: str | None = None,
         version: int | None = None,
+        traceparent: str | None = None,
     ) -> Job:
         """Queue one input for ``model``; as ``Client.submit``."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
+        options["traceparent"] = traceparent
         return await self._run(flows.submit(self, model, options))
 
     async def get(self, job_id: str) -> Job:
@@ -286,11 +293,13 @@ class AsyncClient(AsyncBulkMethods):
         priority: str | None = None,
         idempotency_key: str | None = None,
         version: int | None = None,
+        traceparent: str | None = None,
         timeout: float = 60.0,
     ) -> Job:
         """Submit and return the finished job; as ``Client.run``."""
         options = {"file": file, "image": image, "inputs": inputs, "webhook": webhook, "result_ttl": result_ttl}
         options |= {"ttl": ttl, "priority": priority, "idempotency_key": idempotency_key, "version": version}
+        options["traceparent"] = traceparent
         return await self._run(flows.run(self, model, options, timeout))
 
     async def cancel(self, job_id: str) -> Job:

@@ -62,11 +62,26 @@ def upload(value: Any) -> tuple[str, bytes, str]:
     )
 
 
+def trace_headers(traceparent: str | None) -> dict[str, str]:
+    """The trace a submit continues: ``traceparent`` when given, else the caller's current OpenTelemetry context
+    when its process uses OpenTelemetry (the API package is optional here), else none."""
+    if traceparent:
+        return {"traceparent": traceparent}
+    try:
+        from opentelemetry.propagate import inject
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier
+
+
 def submit_call(model: str, options: dict[str, Any], wait_s: float = 0) -> Call:
     file, image, inputs = options.pop("file"), options.pop("image"), options.pop("inputs")
     if sum(value is not None for value in (file, image, inputs)) != 1:
         raise TypeError("submit takes exactly one of file=, image= or inputs=")
     headers = {"Idempotency-Key": options.pop("idempotency_key") or uuid.uuid4().hex}
+    headers |= trace_headers(options.pop("traceparent", None))
     if wait_s > 0:
         headers["Prefer"] = f"wait={wait_s:g}"
     version = options.pop("version", None)  # pinned, else as the model's traffic shares route it

@@ -7,6 +7,7 @@ import json
 import secrets
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -114,6 +115,8 @@ class Submission:
     # weight.
     fair: bool = False
     weight: float = 1.0
+    # Tracing on: the submit span's context (``traceparent``, ``tracestate``), stored with the job.
+    trace: Mapping[str, str] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -147,6 +150,7 @@ def _new_job(
         submission.owner,
         waited,
         submission.tenant if submission.tenant != tenants.DEFAULT else None,
+        submission.trace,
     )
     idempotency = None
     if submission.idempotency_key:

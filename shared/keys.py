@@ -92,6 +92,12 @@ ROLLBACK_TTL_S = 7 * 86_400
 VERSION_STATE_TTL_S = 86_400
 
 
+def attempt_key(job_id: str) -> str:
+    """Tracing on: the span of the job's attempt now running, and when it began (shared/tracing.py), so a retry
+    links to it."""
+    return f"{PREFIX}:attempt:{job_id}"
+
+
 def webhook_attempts_key(job_id: str) -> str:
     """A list of JSON delivery attempts for the job's webhook."""
     return f"{PREFIX}:webhook:{job_id}"

@@ -388,3 +388,23 @@ def _describe_unparsable(exc: SettingsError) -> str:
     if match.group(1) == "webhook_retry_delays_s":
         return f"{name} must be a JSON list of seconds, e.g. [1, 5, 30]"
     return f"{name} is not valid JSON"
+
+
+class TraceSettings(BaseSettings):
+    """The OpenTelemetry SDK's own variables that decide whether and how inferq exports traces (shared/tracing.py):
+    the specification's names (``OTEL_*``), not inferq settings; the SDK reads the rest of them itself."""
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_", extra="ignore")
+
+    sdk_disabled: str = ""  # "true" (any case) turns the SDK off, whatever else is set
+    exporter_otlp_endpoint: str = ""
+    exporter_otlp_traces_endpoint: str = ""
+    exporter_otlp_protocol: str = ""
+    exporter_otlp_traces_protocol: str = ""
+    service_name: str = ""
+
+    @classmethod
+    def of(cls, variables: Mapping[str, str]) -> TraceSettings:
+        """The settings these ``OTEL_*`` variables give (the rest of the environment aside)."""
+        fields = {name.removeprefix("OTEL_").lower(): value for name, value in variables.items()}
+        return cls.model_validate({name: value for name, value in fields.items() if name in cls.model_fields})

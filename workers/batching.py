@@ -44,6 +44,7 @@ from inferq.shared.lifecycle.info import F
 from inferq.shared.lifecycle.queues import register_queues
 from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings
+from inferq.workers import traces
 from inferq.workers.lanes import LanePolicy
 from inferq.workers.outage import Outage
 from inferq.workers.outcomes import chunk_outcome, outcome_of
@@ -373,6 +374,7 @@ class BatchWorker(SimpleWorker):
         self._running = (items, queue)
         self._beats.begin((layout.queue_keys(queue.name), _jobs_of(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
+        traced = traces.begin(self.connection, self.settings, runner, items, queue.name, self.name)
         try:
             # RQ's own per-job mechanism (SIGALRM), for the batch as a whole: a hung forward pass ends.
             with self.death_penalty_class(timeout_s, BatchTimeout, job_id=items[0].job.id):
@@ -390,6 +392,8 @@ class BatchWorker(SimpleWorker):
                     item.fail(f"the batch ran past the job timeout of {timeout_s} s (INFERQ_JOB_TIMEOUT_S)")
         finally:
             self._beats.end()
+            if traced is not None:
+                traced.leave()
         for item in items:
             item.info[F.INFERENCE_MS] = f"{report.inference_ms:.3f}"
             if runner.weights_sha256 is not None:
@@ -405,7 +409,7 @@ class BatchWorker(SimpleWorker):
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
         ended_at = now()
-        self._finisher.submit(lambda: self._store(runner, items, queue, ended_at))
+        self._finisher.submit(lambda: self._store(runner, items, queue, ended_at, traced, report))
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
         """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
@@ -442,12 +446,25 @@ class BatchWorker(SimpleWorker):
         back = claims.give_back_held(self.connection, layout.queue_keys(queue.name), job_ids)
         log.warning("worker %s: cold shutdown; %d held job(s) given back to %s", self.name, len(back), queue.name)
 
-    def _store(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> None:
+    def _store(
+        self,
+        runner: ModelRunner,
+        items: list[Item],
+        queue: Queue,
+        ended_at: datetime,
+        traced: traces.BatchTrace | None = None,
+        report: BatchReport | None = None,
+    ) -> None:
         """The finish, then (INFERQ_DURABILITY) its end events once a replica has the results: each retried on
-        its own, so a confirmation that waits never runs the finish twice."""
+        its own, so a confirmation that waits never runs the finish twice. Then the batch's spans end."""
         events = self._retrying(lambda: self._finish(runner, items, queue, ended_at))
         if events:
             self._retrying(lambda: durability.release(self.connection, self.settings, events))
+        if traced is not None and report is not None:
+            try:
+                traced.end(items, report, ended_at)
+            except Exception:
+                log.exception("tracing: the batch's spans could not end")
 
     def _retrying(self, write: Any, give_up_s: float = 300.0) -> Any:
         """Results already computed survive Redis being down, full or busy: keep trying to store them.

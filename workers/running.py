@@ -78,6 +78,8 @@ class BatchReport:
     forwards: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    # (phase, start, end) in epoch nanoseconds: what a batch's trace shows as its phases' spans.
+    phases: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def padding_waste(self) -> float:
@@ -110,13 +112,14 @@ class Prepared:
     items: list[Item]
     groups: list[tuple[list[Item], Any, Exception | None]] = field(default_factory=list)
     prepare_ms: float = 0.0
+    phases: list[tuple[str, int, int]] = field(default_factory=list)  # preprocess and collate (BatchReport.phases)
     # The CUDA stream its copies to the device were queued on, when prepared off the main thread.
     stream: Any = None
 
 
 def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
     """Preprocess each item (a bad one fails alone), plan the groups and collate them (onto the device)."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time_ns()
     for item in items:
         if item.payload is None:
             item.fail("the job's input expired before it ran")
@@ -126,11 +129,13 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
         except Exception as exc:  # one bad item fails only its own job
             item.fail(readable(exc), exc)
     prepared = Prepared(items)
+    preprocessed = time.time_ns()
     for group in plan(runner, [item for item in items if item.error is None]):
         try:
             prepared.groups.append((group, runner.handler.collate([item.value for item in group]), None))
         except Exception as exc:
             prepared.groups.append((group, None, exc))
+    prepared.phases += [("preprocess", began, preprocessed), ("collate", preprocessed, time.time_ns())]
     prepared.prepare_ms = (time.perf_counter() - started) * 1000.0
     return prepared
 
@@ -138,7 +143,7 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
 def run_prepared(runner: ModelRunner, prepared: Prepared) -> BatchReport:
     """Fill each item's output or error: the forward passes of a prepared batch."""
     started = time.perf_counter()
-    report = BatchReport()
+    report = BatchReport(phases=list(prepared.phases))
     if prepared.stream is not None:
         # The copies were queued on another stream: the model's stream waits for them, and their memory
         # is not reused before the model's stream is done with it.
@@ -188,6 +193,7 @@ def plan(runner: ModelRunner, items: list[Item]) -> list[list[Item]]:
 def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isolate: bool = True) -> None:
     handler = runner.handler
     report.collates += 1
+    began = time.time_ns()
     try:
         batch = handler.collate([item.value for item in items])
     except Exception as exc:
@@ -197,6 +203,7 @@ def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isol
             return
         _collate_apart(runner, items, exc, report)
         return
+    report.phases.append(("collate", began, time.time_ns()))
     _count_tokens(runner, items, report)
     _forward(runner, items, batch, report)
 
@@ -238,6 +245,7 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     """One forward pass; out of memory halves the batch, any other failure bisects to the guilty item."""
     handler = runner.handler
     report.forwards += 1
+    began = time.time_ns()
     try:
         with torch.inference_mode():
             outputs = handler.predict(batch)
@@ -268,6 +276,7 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
         _run_group(runner, items[:half], report)
         _run_group(runner, items[half:], report)
         return
+    predicted = time.time_ns()
     try:
         per_item = handler.uncollate(outputs, len(items))
         if len(per_item) != len(items):
@@ -277,6 +286,7 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
         for item in items:
             item.fail(f"the model's outputs could not be matched to its inputs: {readable(exc)}", exc)
         return
+    uncollated = time.time_ns()
     for item, output in zip(items, per_item, strict=True):
         try:
             result = handler.postprocess(output)
@@ -284,6 +294,11 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
             item.output = result
         except Exception as exc:
             item.fail(f"could not encode the output: {readable(exc)}", exc)
+    report.phases += [
+        ("predict", began, predicted),
+        ("uncollate", predicted, uncollated),
+        ("postprocess", uncollated, time.time_ns()),
+    ]
 
 
 def load_runner(

@@ -33,7 +33,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from inferq.shared import keys, metrics, signing
+from inferq.shared import keys, metrics, signing, tracing
 from inferq.shared.connections import is_unavailable
 from inferq.shared.errors import InvalidInput, NotFound
 from inferq.shared.jobs import get_job_view, isoformat, utcnow
@@ -42,6 +42,7 @@ from inferq.shared.lifecycle.queues import register_queues
 from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
+from inferq.workers import traces
 from inferq.workers.outage import Outage
 
 log = logging.getLogger(__name__)
@@ -83,31 +84,38 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
     # webhook-id stays the same across retries so receivers can deduplicate.
     headers = signing.headers(secret, f"msg_{job_id}", body)
     record: dict[str, Any] = {"attempt": attempt, "at": isoformat(utcnow())}
-    sent_at = time.perf_counter()
-    with Deadline(settings.webhook_timeout_s) as deadline:
-        answer = send(url, body, headers, settings.webhook_allow, deadline)
-    took_s = time.perf_counter() - sent_at
-    if answer.refused:
-        record |= {"error": answer.error, "outcome": "refused"}
+    span = traces.webhook_span(connection, job_id, attempt) if kind == "job" else None
+    if span is not None:
+        headers.update(tracing.carrier(span.span))  # the receiver's work joins the job's trace
+    try:
+        sent_at = time.perf_counter()
+        with Deadline(settings.webhook_timeout_s) as deadline:
+            answer = send(url, body, headers, settings.webhook_allow, deadline)
+        took_s = time.perf_counter() - sent_at
+        if answer.refused:
+            record |= {"error": answer.error, "outcome": "refused"}
+            _record(connection, settings, job_id, record, took_s)
+            return {"job_id": job_id, **record}
+        if answer.error is not None:
+            record["error"] = answer.error
+            retryable, delivered = True, False
+        else:
+            assert answer.status_code is not None
+            record |= {"status_code": answer.status_code, "response_bytes": answer.response_bytes}
+            retryable = answer.status_code >= 500 or answer.status_code in RETRYABLE_STATUS
+            delivered = 200 <= answer.status_code < 300
+        delays = settings.webhook_retry_delays_s
+        if not delivered and retryable and attempt <= len(delays):
+            retry_after = answer.retry_after_s
+            delay = min(retry_after if retry_after is not None else delays[attempt - 1], MAX_RETRY_AFTER_S)
+            record["next_attempt_in_s"] = delay
+            _schedule(connection, settings, subject, attempt + 1, delay)
+        record["outcome"] = "delivered" if delivered else ("retrying" if "next_attempt_in_s" in record else "gave up")
         _record(connection, settings, job_id, record, took_s)
-        return {"job_id": job_id, **record}
-    if answer.error is not None:
-        record["error"] = answer.error
-        retryable, delivered = True, False
-    else:
-        assert answer.status_code is not None
-        record |= {"status_code": answer.status_code, "response_bytes": answer.response_bytes}
-        retryable = answer.status_code >= 500 or answer.status_code in RETRYABLE_STATUS
-        delivered = 200 <= answer.status_code < 300
-    delays = settings.webhook_retry_delays_s
-    if not delivered and retryable and attempt <= len(delays):
-        retry_after = answer.retry_after_s
-        delay = min(retry_after if retry_after is not None else delays[attempt - 1], MAX_RETRY_AFTER_S)
-        record["next_attempt_in_s"] = delay
-        _schedule(connection, settings, subject, attempt + 1, delay)
-    record["outcome"] = "delivered" if delivered else ("retrying" if "next_attempt_in_s" in record else "gave up")
-    _record(connection, settings, job_id, record, took_s)
-    log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
+        log.info("webhook for %s attempt %d: %s", job_id, attempt, record["outcome"])
+    finally:
+        if span is not None:
+            span.end(record)
     return {"job_id": job_id, **record}
 
 

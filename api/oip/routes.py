@@ -23,7 +23,7 @@ from inferq.api.errors import error_response
 from inferq.api.inputs import prefer_wait, read_body
 from inferq.api.oip import codec
 from inferq.api.routers.jobs import wait_for_end
-from inferq.shared import shards
+from inferq.shared import keys, shards, tracing
 from inferq.shared.errors import InvalidInput, NotFound, UnsupportedMedia
 from inferq.shared.inputs import input_kind
 from inferq.shared.jobs import Submission, enqueue_job_async, isoformat, public_status
@@ -194,7 +194,12 @@ async def _infer(
         **submitted_by(request),
     )
     shard = state.for_model(config)
-    job = await enqueue_job_async(shard.aredis, settings, submission, shards.new_id(shard.name), waited=wait_s > 0)
+    with tracing.submit_span(request.headers, config.served, "/v2/models/{model}/infer") as traced:
+        if traced is not None:
+            submission = replace(submission, trace=traced.stored)
+        job = await enqueue_job_async(shard.aredis, settings, submission, shards.new_id(shard.name), waited=wait_s > 0)
+        if traced is not None:
+            traced.queued(job.id, keys.queue_name(submission.model, submission.lane))
     location = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job.id}"
     view = await wait_for_end(state, job.id, wait_s, owner) if wait_s > 0 else None
     if view is not None and view["status"] == "finished":

@@ -22,7 +22,7 @@ from inferq.api.auth import Owner, require_key, submitted_by
 from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, route_model, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
-from inferq.shared import keys, shards
+from inferq.shared import keys, shards, tracing
 from inferq.shared.inputs import input_kind
 from inferq.shared.jobs import (
     TERMINAL,
@@ -121,6 +121,41 @@ async def _enqueue_and_wait(
     return job, await wait_for_end(state, job.id, max(0.0, deadline - time.monotonic()), owner)
 
 
+async def _submit(
+    request: Request,
+    config: ModelConfig,
+    state: AppState,
+    owner: str | None,
+    prefer: str | None,
+    idempotency_key: str | None,
+    traced: tracing.Submitted | None,
+) -> tuple[Enqueued, dict[str, Any] | None, float]:
+    """Parse, check and enqueue a submit (and wait, ``Prefer: wait``): the job, its view if read, the wait."""
+    settings = state.settings
+    wait_s = prefer_wait(prefer, settings.max_wait_s)
+    body = await read_body(request, settings.max_body_bytes)
+    submission = replace(
+        await parse_submission(request, config, body, settings),
+        retries=config.retries,
+        max_queue_length=config.max_queue_length,
+        idempotency_key=idempotency_key or None,
+        owner=owner,
+        **submitted_by(request),
+        trace=traced.stored if traced is not None else None,
+    )
+    if submission.webhook:
+        await check_webhook_target_async(submission.webhook, settings.webhook_allow)
+    shard = state.for_model(config)
+    if wait_s > 0:
+        job, view = await _enqueue_and_wait(state, shard, submission, wait_s, owner)
+    else:
+        job_id = shards.new_id(shard.name)
+        job, view = await enqueue_job_async(shard.aredis, settings, submission, job_id), None
+    if traced is not None:
+        traced.queued(job.id, keys.queue_name(submission.model, submission.lane))
+    return job, view, wait_s
+
+
 # Each model's own path, with its own request body, is in the schema (router_for); this one
 # answers the rest: an unknown model's 404.
 @router.post("/v1/models/{model}/jobs", status_code=202, include_in_schema=False)
@@ -135,25 +170,8 @@ async def submit_job(
     ] = None,
 ) -> JSONResponse:
     """Queue one input for the model; answers 202 with the job ID at once."""
-    settings = state.settings
-    wait_s = prefer_wait(prefer, settings.max_wait_s)
-    body = await read_body(request, settings.max_body_bytes)
-    submission = replace(
-        await parse_submission(request, config, body, settings),
-        retries=config.retries,
-        max_queue_length=config.max_queue_length,
-        idempotency_key=idempotency_key or None,
-        owner=owner,
-        **submitted_by(request),
-    )
-    if submission.webhook:
-        await check_webhook_target_async(submission.webhook, settings.webhook_allow)
-    shard = state.for_model(config)
-    if wait_s > 0:
-        job, view = await _enqueue_and_wait(state, shard, submission, wait_s, owner)
-    else:
-        job_id = shards.new_id(shard.name)
-        job, view = await enqueue_job_async(shard.aredis, settings, submission, job_id), None
+    with tracing.submit_span(request.headers, config.served, "/v1/models/{model}/jobs") as traced:
+        job, view, wait_s = await _submit(request, config, state, owner, prefer, idempotency_key, traced)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:

@@ -24,6 +24,9 @@ class F:
     OWNER = "owner"  # a hash of the submitting API key: only that key sees or cancels the job
     WAITED = "waited"  # "1": a request waits on the job's end, so the worker publishes its view with it
     TENANT = "tenant"  # the tenant whose key sent it (shared/tenants.py), when the deployment has tenants
+    # Tracing on (shared/tracing.py): the submit span's W3C context, the parent of the job's spans everywhere.
+    TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
     # Written by the finish.
     WEIGHTS = "weights_sha256"  # the content hash of the weights that answered (shared/models.py weights_sha256)
     BATCH_SIZE = "batch_size"
@@ -95,9 +98,12 @@ def at_submit(
     owner: str | None,
     waited: bool,
     tenant: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The fields a submit writes."""
+    """The fields a submit writes (``trace``: the submit span's ``traceparent`` and ``tracestate``)."""
     info = {F.MODEL: model, F.CONTENT_TYPE: content_type, F.DEADLINE: f"{deadline:.3f}"}
+    if trace:
+        info.update(trace)
     if tenant:
         info[F.TENANT] = tenant
     if webhook:

@@ -1,0 +1,210 @@
+"""A batch's spans, tracing on (shared/tracing.py): one span for the batch, its phases as children, and for each
+job a queue span and an attempt span, children of the job's submit span, each attempt linked to the batch it ran
+in (one batch serves many traces: span links, as the messaging conventions prescribe).
+
+The batch span opens when the batch starts and is the current span while it runs, so every log line the batch
+writes carries its ids; everything ends after the finish stored the results, on the finisher's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from redis import Redis
+
+from inferq.shared import keys, tracing
+from inferq.shared.lifecycle.claims import Claimed
+from inferq.shared.lifecycle.info import F
+from inferq.shared.settings import Settings
+from inferq.workers.running import BatchReport, Item, ModelRunner
+
+log = logging.getLogger(__name__)
+LOST = "the worker running it stopped before the job ended; the job was run again"
+
+
+class BatchTrace:
+    """The spans of one batch; made only while tracing is on."""
+
+    def __init__(
+        self, connection: Redis, settings: Settings, runner: ModelRunner, items: list[Item], queue: str, worker: str
+    ) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Link, SpanKind
+
+        tracer = tracing._tracer
+        config = runner.config
+        self.jobs = list({item.job.id: item.job for item in items}.values())
+        self.queue = queue
+        started = tracing.ns(self.jobs[0].started_at)
+        parents = [tracing.parent_of(job.info) for job in self.jobs]
+        links = []
+        for job, parent in zip(self.jobs, parents, strict=True):
+            submitted = tracing.span_context_in(parent)
+            if submitted is not None:
+                links.append(Link(submitted, {"messaging.message.id": job.id}))
+        attributes = {
+            "messaging.system": tracing.SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": queue,
+            "messaging.batch.message_count": len(self.jobs),
+            "inferq.batch.size": len(items),
+            "inferq.model": config.name,
+            "inferq.version": config.version,
+            "inferq.device": str(runner.device),
+            "inferq.worker": worker,
+        }
+        self.span = tracer.start_span(
+            f"batch {config.served}", kind=SpanKind.CONSUMER, links=links, start_time=started, attributes=attributes
+        )
+        batch = Link(self.span.get_span_context())
+        self.attempts: dict[str, Any] = {}
+        ttl_s = settings.queue_ttl_s + settings.job_timeout_s + 600
+        with connection.pipeline(transaction=False) as pipe:
+            for job, parent in zip(self.jobs, parents, strict=True):
+                job_id = {"messaging.message.id": job.id}
+                if job.enqueued_at is not None:  # its wait in the queue, over by now
+                    at = tracing.ns(job.enqueued_at)
+                    waited = tracer.start_span(f"queue {queue}", context=parent, start_time=at, attributes=job_id)
+                    waited.end(end_time=started)
+                span = tracer.start_span(
+                    f"process {queue}",
+                    context=parent,
+                    kind=SpanKind.CONSUMER,
+                    links=[batch],
+                    start_time=started,
+                    attributes={"messaging.message.id": job.id, "inferq.batch.size": len(items)},
+                )
+                self.attempts[job.id] = span
+                stored = tracing.carrier(span)["traceparent"]
+                pipe.set(keys.attempt_key(job.id), f"{stored} {started}", ex=ttl_s, get=True)
+            previous = pipe.execute()
+        for job, before in zip(self.jobs, previous, strict=True):
+            if before:
+                self._lost(job, before.decode() if isinstance(before, bytes) else before, started)
+        self._token = context.attach(trace.set_span_in_context(self.span))
+
+    def _lost(self, job: Claimed, stored: str, restarted: int) -> None:
+        """The job ran before, in an attempt that never ended (its worker was killed or gave the batch back): that
+        attempt's span, sent now with the id it began with, and this attempt linked to it."""
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        traceparent, _, began = stored.partition(" ")
+        context = tracing.span_context_of({"traceparent": traceparent})
+        if context is None or not began.isdigit():
+            return
+        tracing._forced.span_id = context.span_id
+        lost = tracing._tracer.start_span(
+            f"process {self.queue}",
+            context=tracing.parent_of(job.info),
+            kind=SpanKind.CONSUMER,
+            start_time=int(began),
+            attributes={"messaging.message.id": job.id, "inferq.attempt.lost": True},
+        )
+        tracing._forced.span_id = None
+        lost.set_status(StatusCode.ERROR, LOST)
+        lost.end(end_time=restarted)
+        self.attempts[job.id].add_link(context, {"inferq.attempt": "previous"})
+
+    def leave(self) -> None:
+        """The batch has run: its span is no longer the current one on the worker's thread."""
+        from opentelemetry import context
+
+        context.detach(self._token)
+
+    def end(self, items: list[Item], report: BatchReport, ended_at: datetime) -> None:
+        """The batch's results are stored: its phases, each job's attempt and the batch itself end."""
+        from opentelemetry import trace
+        from opentelemetry.trace import StatusCode
+
+        tracer = tracing._tracer
+        inside = trace.set_span_in_context(self.span)
+        for phase, began, ended in report.phases:
+            tracer.start_span(phase, context=inside, start_time=began).end(end_time=ended)
+        ended = tracing.ns(ended_at)
+        failed: dict[str, list[str]] = {}
+        for item in items:
+            if item.error is not None:
+                failed.setdefault(item.job.id, []).append(item.error)
+        for job in self.jobs:
+            span = self.attempts[job.id]
+            errors = failed.get(job.id, [])
+            if errors and item_count(items, job.id) == len(errors):
+                span.set_status(StatusCode.ERROR, errors[0])
+            elif errors:
+                span.set_attribute("inferq.items.failed", len(errors))
+            span.end(end_time=ended)
+        self.span.set_attribute("inferq.inference_ms", report.inference_ms)
+        self.span.end(end_time=ended)
+
+
+def item_count(items: list[Item], job_id: str) -> int:
+    return sum(item.job.id == job_id for item in items)
+
+
+def begin(
+    connection: Redis, settings: Settings, runner: ModelRunner, items: list[Item], queue: str, worker: str
+) -> BatchTrace | None:
+    """The batch's trace when tracing is on; a failure here never fails the batch."""
+    if not tracing.on():
+        return None
+    started = time.perf_counter()
+    try:
+        return BatchTrace(connection, settings, runner, items, queue, worker)
+    except Exception:
+        log.exception("tracing: the batch's spans could not begin (%.1f ms)", (time.perf_counter() - started) * 1e3)
+        return None
+
+
+class WebhookSpan:
+    """One delivery attempt's span (kind client), child of the attempt that ended the job; current while it
+    runs, so the attempt's log lines carry its ids."""
+
+    def __init__(self, span: Any) -> None:
+        from opentelemetry import context, trace
+
+        self.span = span
+        self._token = context.attach(trace.set_span_in_context(span))
+
+    def end(self, record: dict[str, Any]) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import StatusCode
+
+        outcome = record.get("outcome", "failed")
+        self.span.set_attribute("inferq.webhook.outcome", outcome)
+        if record.get("status_code") is not None:
+            self.span.set_attribute("http.response.status_code", record["status_code"])
+        if outcome != "delivered":
+            self.span.set_status(StatusCode.ERROR, str(record.get("error") or outcome))
+        self.span.end()
+        context.detach(self._token)
+
+
+def webhook_span(connection: Redis, job_id: str, attempt: int) -> WebhookSpan | None:
+    """The span of one attempt at a job's webhook, when tracing is on; its ``traceparent`` goes to the receiver."""
+    if not tracing.on():
+        return None
+    from opentelemetry.trace import SpanKind
+
+    try:
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(keys.attempt_key(job_id))
+            pipe.hmget(keys.info_key(job_id), [F.TRACEPARENT, F.TRACESTATE])
+            ran, (traceparent, tracestate) = pipe.execute()
+        if ran:  # the attempt that ended the job: "<traceparent> <start>"
+            traceparent, tracestate = ran.split(b" ", 1)[0], None
+        if not traceparent:
+            return None
+        carried = {"traceparent": traceparent.decode()}
+        if tracestate:
+            carried["tracestate"] = tracestate.decode()
+        attributes = {"messaging.message.id": job_id, "inferq.webhook.attempt": attempt}
+        span = tracing._tracer.start_span(
+            "webhook", context=tracing.parent_of(carried), kind=SpanKind.CLIENT, attributes=attributes
+        )
+        return WebhookSpan(span)
+    except Exception:
+        log.exception("tracing: the webhook attempt's span could not begin")
+        return None
