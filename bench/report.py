@@ -28,6 +28,8 @@ TARGETS_DOC = {
     "fairness_drain": "tenants in fair order: the no-op drain with two tenants >= 0.9x with one (fairness off)",
     "fairness_latency": "a small tenant (5 jobs/s) beside another's 10,000 queued at once: its p99 queue time"
     " <= alone + one batch time + 20 ms",
+    "tracing": "traces on (OTLP to a local sink) against off: the no-op drain, and the API's CPU per digit submit"
+    " (no target: what tracing costs; off costs nothing, docs/tracing.md)",
 }
 LIMITED = " (limited by the generator)"
 Row = dict[str, Any]
@@ -283,6 +285,28 @@ def fairness_rows(results: dict[str, Any]) -> list[Row]:
     ]
 
 
+def tracing_rows(results: dict[str, Any]) -> list[Row]:
+    traced = results.get("tracing")
+    if not traced:
+        return []
+    ratio = traced["drain_on"] / traced["drain_off"]
+    detail = (
+        f"drain {traced['drain_on']:.0f} vs {traced['drain_off']:.0f} jobs/s; API CPU per digit submit"
+        f" {traced['submit_us_on']:.0f} vs {traced['submit_us_off']:.0f} us"
+    )
+    state = f"{ratio:.2f}x the drain (measured, no target)"
+    return [
+        {
+            "name": "tracing",
+            "doc": TARGETS_DOC["tracing"],
+            "value": ratio,
+            "holds": None,
+            "state": state,
+            "detail": detail,
+        }
+    ]
+
+
 # The targets table, in order: one entry per group of rows; a new row is one function here.
 ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     submit_path_rows,
@@ -299,6 +323,7 @@ ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     durability_rows,
     shards_rows,
     fairness_rows,
+    tracing_rows,
 ]
 
 

@@ -34,6 +34,7 @@ from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
 from bench.report import write_report
 from bench.shards import two_redis_vs_one
+from bench.tracing import tracing_cost
 from inferq.shared import keys
 from inferq.shared.jobs import QueueCache, Submission, enqueue_job
 from inferq.shared.keys import queue_name
@@ -294,6 +295,10 @@ class Bench:
                 self.tmp, self.models["noop"], 2000 if quick else 10000, 1 if quick else 3
             )
             self.results["fairness"] = fairness(self.redis.url, self.tmp / "models", quick)
+            if shutil.which("hey"):  # the submit row reads hey's count of accepted submits
+                self.results["tracing"] = tracing_cost(
+                    self.redis.url, self.tmp, 1 if quick else 3, 2000 if quick else 8000
+                )
             self._inferq()
             if not self.args.skip_peers:
                 for peer in self.args.peers.split(","):

@@ -85,7 +85,8 @@ def test_inferq_services_share_the_environment() -> None:
     # The compose Redis unless the shell names another (the ha profile's sentinels).
     assert envs[0]["INFERQ_REDIS_URL"] == "${INFERQ_REDIS_URL:-redis://redis:6379/0}"
     assert "INFERQ_WEBHOOK_SECRET" in envs[0]
-    assert set(envs[0]) <= {f"INFERQ_{key.upper()}" for key in Settings.model_fields} | {"INFERQ_LOG_LEVEL"}
+    settings = {f"INFERQ_{key.upper()}" for key in Settings.model_fields} | {"INFERQ_LOG_LEVEL"}
+    assert set(envs[0]) <= settings | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
 
 
 def test_api_binds_all_interfaces_and_publishes_its_port() -> None:
@@ -200,6 +201,20 @@ def test_ops_profile_has_prometheus_and_grafana_on_pinned_images() -> None:
         # No login on Prometheus, and Grafana's admin password defaults: localhost only.
         assert all(str(p).startswith("127.0.0.1:") for p in _ops_service(name)["ports"])
     assert set(_compose()["volumes"]) >= {"prometheus-data", "grafana-data"}
+
+
+def test_ops_profile_has_jaeger_and_the_services_export_to_it_only_when_asked() -> None:
+    jaeger = _ops_service("jaeger")
+    repository, _, tag = jaeger["image"].rpartition(":")
+    assert repository == "jaegertracing/jaeger" and re.fullmatch(r"2\.\d+\.\d+", tag), jaeger["image"]
+    assert jaeger["ports"] == ["127.0.0.1:16686:16686"]  # the UI, localhost only; OTLP stays on the network
+    env = _services()["api"]["environment"]
+    # Off unless the shell sets the endpoint (an exporter with nothing to send to would only log failures).
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "${OTEL_EXPORTER_OTLP_ENDPOINT:-}"
+    assert (
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318 docker compose --profile ops up"
+        in (ROOT / "docker-compose.yml").read_text()
+    )
 
 
 def test_ops_bind_mounts_exist_in_the_repository() -> None:

@@ -53,6 +53,11 @@ NOT_RUN = (
         "INFERQ_REDIS_URL=",
         "needs a Sentinel group (tests/e2e/test_e2e_sentinel.py runs rq info -c inferq.rqconfig against one) or Docker",
     ),
+    (
+        "OTEL_EXPORTER_OTLP_ENDPOINT=",
+        "starts inferq exporting traces to a collector: tests/e2e/test_e2e_tracing.py runs inferq up so, against"
+        " an OTLP receiver",
+    ),
     ("INFERQ_TENANTS=", "starts inferq up with tenants from a file: tests/e2e/test_e2e_tenants.py starts the API so"),
     (".venv/bin/python samples/webhook_receiver.py", "a receiver that runs until stopped (test_e2e_operators.py)"),
     (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
