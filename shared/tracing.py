@@ -8,7 +8,7 @@ processor exists, and every helper here returns at its first line.
 
 The job carries its trace in its info hash: ``F.TRACEPARENT`` (and ``F.TRACESTATE``) hold the submit span's W3C
 context, so the queue, job and webhook spans are its children wherever they run, and a retry keeps it.
-``F.ATTEMPT`` holds the running attempt's span (its context and start time): a retry links its new attempt to it,
+``keys.attempt_key`` holds the running attempt's span (its context and start time): a retry links its new attempt to it,
 and, since a worker killed mid-batch never exported that span, sends it on the dead worker's behalf, ended when the
 job was taken up again.
 """
@@ -77,7 +77,8 @@ def setup(component: str) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    if protocol() == "grpc":
+    chosen = protocol()
+    if chosen == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
@@ -90,7 +91,7 @@ def setup(component: str) -> bool:
     trace.set_tracer_provider(provider)
     _provider, _tracer = provider, provider.get_tracer("inferq")
     _log_ids()
-    log.info("tracing on: OTLP %s, service %s", protocol(), provider.resource.attributes.get(SERVICE_NAME))
+    log.info("tracing on: OTLP %s, service %s", chosen, provider.resource.attributes.get(SERVICE_NAME))
     return True
 
 

@@ -81,12 +81,12 @@ class BatchTrace:
                 stored = tracing.carrier(span)["traceparent"]
                 pipe.set(keys.attempt_key(job.id), f"{stored} {started}", ex=ttl_s, get=True)
             previous = pipe.execute()
-        for job, before in zip(self.jobs, previous, strict=True):
+        for job, parent, before in zip(self.jobs, parents, previous, strict=True):
             if before:
-                self._lost(job, before.decode() if isinstance(before, bytes) else before, started)
+                self._lost(job, parent, before.decode() if isinstance(before, bytes) else before, started)
         self._token = context.attach(trace.set_span_in_context(self.span))
 
-    def _lost(self, job: Claimed, stored: str, restarted: int) -> None:
+    def _lost(self, job: Claimed, parent: Any, stored: str, restarted: int) -> None:
         """The job ran before, in an attempt that never ended (its worker was killed or gave the batch back): that
         attempt's span, sent now with the id it began with, and this attempt linked to it."""
         from opentelemetry.trace import SpanKind, StatusCode
@@ -98,7 +98,7 @@ class BatchTrace:
         tracing._forced.span_id = context.span_id
         lost = tracing._tracer.start_span(
             f"process {self.queue}",
-            context=tracing.parent_of(job.info),
+            context=parent,
             kind=SpanKind.CONSUMER,
             start_time=int(began),
             attributes={"messaging.message.id": job.id, "inferq.attempt.lost": True},
@@ -125,23 +125,21 @@ class BatchTrace:
             tracer.start_span(phase, context=inside, start_time=began).end(end_time=ended)
         ended = tracing.ns(ended_at)
         failed: dict[str, list[str]] = {}
+        counted: dict[str, int] = {}
         for item in items:
+            counted[item.job.id] = counted.get(item.job.id, 0) + 1
             if item.error is not None:
                 failed.setdefault(item.job.id, []).append(item.error)
         for job in self.jobs:
             span = self.attempts[job.id]
             errors = failed.get(job.id, [])
-            if errors and item_count(items, job.id) == len(errors):
+            if errors and counted[job.id] == len(errors):
                 span.set_status(StatusCode.ERROR, errors[0])
             elif errors:
                 span.set_attribute("inferq.items.failed", len(errors))
             span.end(end_time=ended)
         self.span.set_attribute("inferq.inference_ms", report.inference_ms)
         self.span.end(end_time=ended)
-
-
-def item_count(items: list[Item], job_id: str) -> int:
-    return sum(item.job.id == job_id for item in items)
 
 
 def begin(
