@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Asynchronous inference queue: submit a job, get an ID, collect the result later.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},
+        telemetry=tracing.fastapi_telemetry(),
     )
     if settings.cors_origins:
         # Off unless configured: browsers then may call the API from these origins only.

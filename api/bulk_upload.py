@@ -17,6 +17,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from inferq.api.inputs import check_json_size
+from inferq.shared import tracing
 from inferq.shared.errors import AppError, InvalidInput, PayloadTooLarge
 from inferq.shared.inputs import input_kind
 from inferq.shared.lifecycle import upload
@@ -31,7 +32,7 @@ REFUSED_SHOWN = 100
 SLICE_LINES = upload.SLICE_ITEMS
 SLICE_BYTES = upload.SLICE_BYTES
 READ_BYTES = 64 * 1024
-_LINE_FIELDS = {"custom_id", "inputs", "image"}
+_LINE_FIELDS = {"custom_id", "inputs", "image", "traceparent", "tracestate"}
 
 
 def line_limit(settings: Settings) -> int:
@@ -128,6 +129,7 @@ class LineChecker:
 
     def _item(self, line: dict[str, Any], custom_id: str) -> BulkItem:
         config, kind, settings = self.config, self.kind, self.settings
+        trace = tracing.given(line.get("traceparent"), line.get("tracestate"))
         if "inputs" in line and kind.from_json is not None:
             payload = kind.from_json(config.input, line["inputs"], config.name, settings)
         elif "image" in line and kind.from_bytes is not None:
@@ -141,7 +143,7 @@ class LineChecker:
         else:
             field_name = "inputs" if kind.from_json is not None else "image"
             raise InvalidInput(f"each line needs '{field_name}': model {config.name} takes {kind.takes}")
-        return BulkItem(custom_id, payload.data, payload.content_type)
+        return BulkItem(custom_id, payload.data, payload.content_type, trace)
 
 
 def _is_unicode(text: str) -> bool:

@@ -16,14 +16,16 @@ job was taken up again.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from inferq.shared.errors import ConfigError
+from inferq.shared.errors import ConfigError, InvalidInput
 from inferq.shared.settings import TraceSettings
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ SYSTEM = "inferq"
 _tracer: Any = None
 _provider: Any = None
 _forced = threading.local()  # a span id the next span takes (``_IdGenerator``): a lost attempt's own
+# The API's submit span while its request is handled: not attached as OpenTelemetry's current span (that costs a
+# fifth of the span), but a log line written meanwhile, the error handler's too, carries its ids.
+_submitting: contextvars.ContextVar[Any] = contextvars.ContextVar("inferq_submit_span", default=None)
 
 
 def _settings(variables: Mapping[str, str] | None) -> TraceSettings:
@@ -130,7 +135,9 @@ class _TraceIds(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         from opentelemetry import trace
 
-        context = trace.get_current_span().get_span_context()
+        submitting = _submitting.get()  # more precise than the request's server span, current meanwhile
+        span = submitting if submitting is not None else trace.get_current_span()
+        context = span.get_span_context()
         record.otel = f" trace={context.trace_id:032x} span={context.span_id:016x}" if context.is_valid else ""
         return True
 
@@ -143,6 +150,28 @@ def _log_ids() -> None:
         if formatter is not None and "%(otel)s" not in (formatter._fmt or ""):
             formatter._fmt = (formatter._fmt or "%(message)s").replace("%(message)s", "%(message)s%(otel)s")
             formatter._style._fmt = formatter._fmt
+
+
+# FastAPI's own request spans (FastAPI ≥ 0.142 makes one per request once a tracer provider is set): the server
+# span, a submit's parent, is kept; the dependency, endpoint and serialization spans under it are not (each costs
+# as much as the submit span, and says little), nor are probes and scrapes.
+_UNTRACED_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/favicon.ico"})
+
+
+def fastapi_telemetry() -> dict[str, Any]:
+    """FastAPI's ``telemetry=`` settings: its server spans (tracing on) through inferq's provider, and nothing else."""
+    return {
+        "tracing": True,
+        "operation_spans": False,
+        "metrics": False,  # inferq's are Prometheus's, at /metrics
+        "logs": False,  # inferq's log lines carry the ids instead
+        "exclude": _untraced,
+    }
+
+
+def _untraced(scope: Mapping[str, Any]) -> bool:
+    path = scope.get("path", "")
+    return path in _UNTRACED_PATHS or path.startswith("/static/")
 
 
 # Contexts: what a job stores, and spans' parents and links made from it.
@@ -183,6 +212,32 @@ def span_context_of(headers: Mapping[str, str]) -> Any:
     return span_context_in(parent_of(headers))
 
 
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+TRACESTATE_MAX = 512  # W3C: at most 32 members; a receiver may drop a longer one, this one refuses it
+
+
+def given(traceparent: Any, tracestate: Any = None) -> dict[str, str] | None:
+    """A trace context a body gives (a bulk line's ``traceparent`` and ``tracestate``), checked as W3C Trace
+    Context defines them: None for none; a malformed one is refused by name, not dropped unseen, since a body's
+    fields are the client's own and an unknown one is refused too."""
+    if traceparent is None:
+        if tracestate is not None:
+            raise InvalidInput("tracestate needs a traceparent")
+        return None
+    if not isinstance(traceparent, str) or _TRACEPARENT.fullmatch(traceparent) is None:
+        raise InvalidInput(
+            "traceparent must be a W3C trace context: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>,"
+            " lowercase, the ids not all zero"
+        )
+    context = {"traceparent": traceparent}
+    if tracestate is not None:
+        if not isinstance(tracestate, str) or len(tracestate) > TRACESTATE_MAX or not tracestate.isascii():
+            raise InvalidInput(f"tracestate must be ASCII text of at most {TRACESTATE_MAX} characters")
+        if tracestate:
+            context["tracestate"] = tracestate
+    return context
+
+
 def ns(at: datetime) -> int:
     """Nanoseconds since the epoch (RQ's naive datetimes are UTC)."""
     if at.tzinfo is None:
@@ -206,24 +261,30 @@ class Submitted:
 
 @contextlib.contextmanager
 def submit_span(headers: Mapping[str, str], model: str, route: str) -> Iterator[Submitted | None]:
-    """The submit span (kind producer, as the messaging conventions name a send), child of the request's
-    ``traceparent`` when it has one, else the root of a new trace; None while tracing is off. A submit that fails
-    (a full queue, a quota) ends it with an error status."""
+    """The submit span (kind producer, as the messaging conventions name a send), child of the request's server
+    span (FastAPI's own, which continues the request's ``traceparent``), or of that ``traceparent`` where there is
+    no server span, or else the root of a new trace; None while tracing is off. A submit that fails (a full
+    queue, a quota) ends it with an error status."""
     if _tracer is None:
         yield None
         return
+    from opentelemetry import trace
     from opentelemetry.trace import SpanKind, StatusCode
 
     attributes = {"messaging.system": SYSTEM, "messaging.operation.type": "send", "inferq.model": model}
     attributes["http.route"] = route
-    # Not made the current span: nothing under it logs, and attaching it costs a fifth of the span.
-    span = _tracer.start_span(
-        f"send {model}", context=parent_of(headers), kind=SpanKind.PRODUCER, attributes=attributes
-    )
+    served = trace.get_current_span().get_span_context().is_valid  # None: the current context, the server span's
+    parent = None if served else parent_of(headers)
+    span = _tracer.start_span(f"send {model}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes)
+    # Not made OpenTelemetry's current span (a fifth of the span's cost), only the one log lines name.
+    token = _submitting.set(span)
     try:
         yield Submitted(span, carrier(span))
     except BaseException as exc:
+        # Left set: the error handler that answers for it logs after this, in the same request's context.
         span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
         raise
+    else:
+        _submitting.reset(token)
     finally:
         span.end()

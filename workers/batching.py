@@ -545,7 +545,7 @@ class BatchWorker(SimpleWorker):
             except (ValueError, KeyError, TypeError) as exc:  # never written by inferq's API
                 log.error("worker %s: bulk chunk %s is unreadable (%s)", self.name, job.id, exc)
                 chunk = []
-            items += [Item(job, i.payload, i.content_type, custom_id=i.custom_id) for i in chunk]
+            items += [Item(job, i.payload, i.content_type, custom_id=i.custom_id, trace=i.trace) for i in chunk]
         return items
 
     def _running_job_ttl_s(self) -> int:

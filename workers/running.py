@@ -58,6 +58,7 @@ class Item:
     info: dict[str, str] = field(default_factory=dict)
     # An item of a bulk chunk (``job`` is the chunk): the client's id for it.
     custom_id: str | None = None
+    trace: dict[str, str] | None = None  # a bulk item's own W3C trace context, when its line gave one
     value: Any = None
     output: Any = None
     output_json: str | None = None  # the output as JSON, checked encodable once and stored as it is

@@ -1,6 +1,7 @@
 """A batch's spans, tracing on (shared/tracing.py): one span for the batch, its phases as children, and for each
 job a queue span and an attempt span, children of the job's submit span, each attempt linked to the batch it ran
-in (one batch serves many traces: span links, as the messaging conventions prescribe).
+in (one batch serves many traces: span links, as the messaging conventions prescribe). A bulk item whose upload
+line gave a ``traceparent`` gets the same two spans in that trace, linked to the batch too.
 
 The batch span opens when the batch starts and is the current span while it runs, so every log line the batch
 writes carries its ids; everything ends after the finish stored the results, on the finisher's thread.
@@ -40,11 +41,17 @@ class BatchTrace:
         self.queue = queue
         started = tracing.ns(self.jobs[0].started_at)
         parents = [tracing.parent_of(job.info) for job in self.jobs]
+        # Bulk items whose upload line gave a trace context: each gets its own spans in the line's trace.
+        lines = [(item, tracing.parent_of(item.trace)) for item in items if item.trace]
         links = []
         for job, parent in zip(self.jobs, parents, strict=True):
             submitted = tracing.span_context_in(parent)
             if submitted is not None:
                 links.append(Link(submitted, {"messaging.message.id": job.id}))
+        for item, parent in lines:
+            submitted = tracing.span_context_in(parent)
+            if submitted is not None:
+                links.append(Link(submitted, {"messaging.message.id": item.job.id, "inferq.custom_id": item.custom_id}))
         attributes = {
             "messaging.system": tracing.SYSTEM,
             "messaging.operation.type": "process",
@@ -81,6 +88,25 @@ class BatchTrace:
                 stored = tracing.carrier(span)["traceparent"]
                 pipe.set(keys.attempt_key(job.id), f"{stored} {started}", ex=ttl_s, get=True)
             previous = pipe.execute()
+        # A line's attempt is not kept across a retry as a job's is: the chunk's own attempt span carries that.
+        self.lines: list[tuple[Item, Any]] = []
+        for item, parent in lines:
+            line = {"messaging.message.id": item.job.id, "inferq.custom_id": str(item.custom_id)}
+            line["inferq.batch.id"] = item.job.info.get(F.BATCH, "")
+            if item.job.enqueued_at is not None:
+                at = tracing.ns(item.job.enqueued_at)
+                tracer.start_span(f"queue {queue}", context=parent, start_time=at, attributes=line).end(
+                    end_time=started
+                )
+            span = tracer.start_span(
+                f"process {queue}",
+                context=parent,
+                kind=SpanKind.CONSUMER,
+                links=[batch],
+                start_time=started,
+                attributes=line,
+            )
+            self.lines.append((item, span))
         for job, parent, before in zip(self.jobs, parents, previous, strict=True):
             if before:
                 self._lost(job, parent, before.decode() if isinstance(before, bytes) else before, started)
@@ -137,6 +163,10 @@ class BatchTrace:
                 span.set_status(StatusCode.ERROR, errors[0])
             elif errors:
                 span.set_attribute("inferq.items.failed", len(errors))
+            span.end(end_time=ended)
+        for item, span in self.lines:
+            if item.error is not None:
+                span.set_status(StatusCode.ERROR, item.error)
             span.end(end_time=ended)
         self.span.set_attribute("inferq.inference_ms", report.inference_ms)
         self.span.end(end_time=ended)

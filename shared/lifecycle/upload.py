@@ -59,6 +59,8 @@ class BulkItem:
     custom_id: str
     payload: bytes
     content_type: str
+    # The line's W3C trace context (``traceparent``, maybe ``tracestate``), when it gave one: its spans continue it.
+    trace: dict[str, str] | None = None
 
 
 class BatchWriter:
@@ -301,14 +303,20 @@ def encode_ids(custom_ids: Iterable[str]) -> str:
 def decode_chunk(payload: bytes) -> list[BulkItem]:
     """A chunk's items, as a ``BatchWriter`` stored them."""
     items = json.loads(payload)["items"]
-    return [BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"]) for i in items]
+    return [BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"], i.get("trace")) for i in items]
 
 
 def _chunk_body(chunk: Sequence[BulkItem]) -> str:
-    items = [
-        {"custom_id": i.custom_id, "content_type": i.content_type, "payload": base64.b64encode(i.payload).decode()}
-        for i in chunk
-    ]
+    items = []
+    for i in chunk:
+        body: dict[str, Any] = {
+            "custom_id": i.custom_id,
+            "content_type": i.content_type,
+            "payload": base64.b64encode(i.payload).decode(),
+        }
+        if i.trace:
+            body["trace"] = i.trace
+        items.append(body)
     return json.dumps({"items": items}, separators=(",", ":"))
 
 

@@ -5,6 +5,7 @@ its retry."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections import Counter
@@ -22,7 +23,7 @@ from tests.support.up import up_serving
 from tests.support.waiting import wait_until
 from tests.support.webhooks import Receiver
 
-PRODUCER, CONSUMER, CLIENT = 4, 5, 3
+SERVER, PRODUCER, CONSUMER, CLIENT = 2, 4, 5, 3
 ERROR = 2
 
 
@@ -93,10 +94,17 @@ def test_up_exports_one_trace_per_job_with_its_batch_linked_and_the_callers_trac
     assert set(submits) == set(ids)
     # One trace per job.
     assert len({s.trace_id for s in submits.values()}) == 12
-    # The caller's trace continues: the first job's submit span is its child, its tracestate kept.
+    # The caller's trace continues: the first job's request span (FastAPI's server span) is its child, and the
+    # submit span the request span's.
     first_submit = submits[ids[0]]
-    assert (first_submit.trace_id, first_submit.parent_id) == (caller_trace, caller_span)
+    request = by_id[first_submit.parent_id]
+    assert (request.trace_id, request.parent_id, request.kind) == (caller_trace, caller_span, SERVER)
+    assert request.attributes["http.route"] == "/v1/models/slow/jobs"
     assert first_submit.kind == PRODUCER and first_submit.service == "inferq-api"
+    assert first_submit.trace_id == caller_trace
+    # Only the requests are traced (the submits and the test's polls), not FastAPI's steps inside them, nor probes.
+    traced = {s.name for s in received if s.service == "inferq-api"}
+    assert traced == {"send slow", "POST /v1/models/slow/jobs", "GET /v1/jobs/{job_id}"}
     batch_spans = {s.span_id: s for s in received if s.name == "batch slow"}
     assert len(batch_spans) == len(batches)
     linked: Counter[str] = Counter()
@@ -132,6 +140,22 @@ def test_up_exports_one_trace_per_job_with_its_batch_linked_and_the_callers_trac
     assert {s.parent_id for s in webhooks.values()} == {first_attempt.span_id}
     assert all(s.kind == CLIENT and s.service == "inferq-webhooks" for s in webhooks.values())
     assert by_id[first_attempt.parent_id] == first_submit
+    # The whole trace, drawn as the README shows one (names and nesting; the durations vary).
+    drawn = [line[:40].rstrip() for line in otlp.tree(received, caller_trace).splitlines()]
+    assert drawn == [
+        "POST /v1/models/slow/jobs",
+        "└─ send slow",
+        "   ├─ queue inferq.slow",
+        "   └─ process inferq.slow",
+        "      ├─ webhook",
+        "      ├─ webhook",
+        "      └─ ↪ batch slow",
+        "         ├─ preprocess",
+        "         ├─ collate",
+        "         ├─ predict",
+        "         ├─ uncollate",
+        "         └─ postprocess",
+    ], otlp.tree(received, caller_trace)
 
 
 def test_a_failed_job_sets_its_attempts_status_with_the_reason_its_view_shows(
@@ -190,6 +214,91 @@ def test_a_worker_killed_mid_batch_leaves_both_attempts_in_the_trace_linked(
         assert lost.attributes.get("inferq.attempt.lost") is True and lost.status == ERROR
         assert lost.trace_id == retried.trace_id and lost.parent_id == retried.parent_id
         assert (lost.trace_id, lost.span_id) in retried.links  # the retry links to the attempt it replaces
+
+
+def test_a_bulk_line_with_a_traceparent_continues_its_callers_trace_linked_to_its_batch(
+    tmp_path: Path, collector: otlp.Receiver
+) -> None:
+    callers = {f"line-{n}": (secrets.token_hex(16), secrets.token_hex(8)) for n in range(4)}
+    lines: list[dict[str, Any]] = [
+        {"custom_id": custom_id, "inputs": [666 if n == 3 else n, n], "traceparent": f"00-{t}-{s}-01"}
+        for n, (custom_id, (t, s)) in enumerate(callers.items())
+    ]
+    lines += [{"custom_id": f"plain-{n}", "inputs": [n, n]} for n in range(2)]
+    lines.append({"custom_id": "bad-trace", "inputs": [1, 1], "traceparent": "00-abc-def-01"})
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    stack = new_stack(tmp_path, **_tracing(collector))
+    with serving(stack):
+        stack.start_api()
+        stack.start_worker("slow")
+        answer = httpx.post(
+            f"{stack.base}/v1/models/slow/batches",
+            content=body,
+            headers={"content-type": "application/jsonl"},
+            timeout=30,
+        ).json()
+        # A malformed traceparent is refused by name, the line alone.
+        ((refused),) = answer["refused"]
+        assert refused["custom_id"] == "bad-trace"
+        assert refused["error"].startswith("line 7: traceparent must be a W3C trace context: 00-<32 hex trace id>")
+
+        def ended() -> bool:
+            return httpx.get(f"{stack.base}/v1/batches/{answer['id']}", timeout=10).json()["status"] == "finished"
+
+        wait_until(ended, 60, "the upload to end")
+        results = httpx.get(f"{stack.base}/v1/batches/{answer['id']}/results", timeout=10).text.splitlines()
+        errors = {line["custom_id"]: line.get("error") for line in map(json.loads, results)}
+
+        def line_spans() -> list[otlp.Span]:
+            return [s for s in collector.spans() if "inferq.custom_id" in s.attributes]
+
+        wait_until(lambda: len(line_spans()) == 8, 30, "each traced line's queue and attempt spans")
+    received = collector.spans()
+    batch_spans = {s.span_id: s for s in received if s.name == "batch slow"}
+    assert len(line_spans()) == 8  # the untraced lines have none of their own
+    for custom_id, (trace_id, span_id) in callers.items():
+        mine = [s for s in line_spans() if s.attributes["inferq.custom_id"] == custom_id]
+        assert sorted(s.name for s in mine) == ["process inferq.slow.bulk", "queue inferq.slow.bulk"]  # its lane
+        assert all((s.trace_id, s.parent_id) == (trace_id, span_id) for s in mine)
+        attempt = next(s for s in mine if s.name == "process inferq.slow.bulk")
+        assert attempt.attributes["inferq.batch.id"] == answer["id"]
+        assert len(attempt.links) == 1 and attempt.links[0][1] in batch_spans
+        assert (trace_id, span_id) in batch_spans[attempt.links[0][1]].links
+        if errors[custom_id] is None:
+            assert attempt.status == 0
+        else:  # the poisoned line: its span says why, as its result line does
+            assert (attempt.status, attempt.status_message) == (ERROR, errors[custom_id])
+
+
+def test_a_log_line_the_api_writes_while_a_submit_fails_carries_its_trace_and_span(
+    tmp_path: Path, collector: otlp.Receiver
+) -> None:
+    caller_trace, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    stack = new_stack(tmp_path, **_tracing(collector))
+    with serving(stack):
+        stack.start_api()
+        redis = stack.redis()
+        redis.config_set("maxmemory", "1")  # every write that may grow memory is refused: the submit fails
+        try:
+            answer = httpx.post(
+                f"{stack.base}/v1/models/slow/jobs",
+                json={"inputs": [1, 1]},
+                headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"},
+                timeout=10,
+            )
+        finally:
+            redis.config_set("maxmemory", "0")
+        assert answer.status_code == 503, answer.text
+
+        def submits() -> list[otlp.Span]:
+            return [s for s in collector.spans() if s.name == "send slow"]
+
+        wait_until(lambda: len(submits()) == 1, 30, "the submit's span")
+        logs = stack.log_text()
+    (submit,) = submits()
+    assert (submit.trace_id, submit.status) == (caller_trace, ERROR)
+    line = next(line for line in logs.splitlines() if "Redis unavailable" in line)
+    assert line.endswith(f" trace={caller_trace} span={submit.span_id}"), line
 
 
 def test_tracing_off_runs_no_span_processor_and_never_imports_the_sdk(tmp_path: Path) -> None:

@@ -147,3 +147,30 @@ def grpc_receiver() -> Iterator[Receiver]:
         yield receiver
     finally:
         server.stop(grace=None)
+
+
+def tree(spans: list[Span], trace_id: str) -> str:
+    """One trace as text, as a tracing UI draws it: each span under its parent, with its service and duration; under
+    a span that links to another trace's span (a job's attempt and its batch), that span (↪) and its children."""
+    by_id = {span.span_id: span for span in spans}
+    children: dict[str, list[Span]] = {}
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        children.setdefault(span.parent_id, []).append(span)
+    lines: list[str] = []
+
+    def draw(span: Span, prefix: str, branch: str, inside_link: bool, mark: str = "") -> None:
+        label = f"{prefix}{branch}{mark}{span.name}"
+        took = (span.end_ns - span.start_ns) / 1e6
+        error = "  ERROR" if span.status == 2 else ""
+        lines.append(f"{label:<40} {span.service:<16} {took:7.1f} ms{error}")
+        below = prefix + {"": "", "├─ ": "│  ", "└─ ": "   "}[branch]
+        under = [(child, inside_link, "") for child in children.get(span.span_id, [])]
+        if not inside_link:  # a linked span's own links (the batch's back to every job) are not followed
+            under += [(by_id[s], True, "↪ ") for t, s in span.links if t != span.trace_id and s in by_id]
+        for n, (child, linked, marked) in enumerate(under):
+            draw(child, below, "└─ " if n == len(under) - 1 else "├─ ", linked, marked)
+
+    roots = [s for s in spans if s.trace_id == trace_id and (not s.parent_id or s.parent_id not in by_id)]
+    for root in sorted(roots, key=lambda s: s.start_ns):
+        draw(root, "", "", False)
+    return "\n".join(lines)
