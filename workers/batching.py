@@ -457,12 +457,13 @@ class BatchWorker(SimpleWorker):
     ) -> None:
         """The finish, then (INFERQ_DURABILITY) its end events once a replica has the results: each retried on
         its own, so a confirmation that waits never runs the finish twice. Then the batch's spans end."""
+        began = time.time_ns()
         events = self._retrying(lambda: self._finish(runner, items, queue, ended_at))
         if events:
             self._retrying(lambda: durability.release(self.connection, self.settings, events))
         if traced is not None and report is not None:
             try:
-                traced.end(items, report, ended_at)
+                traced.end(items, report, (began, time.time_ns()))
             except Exception:
                 log.exception("tracing: the batch's spans could not end")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 from typing import Any
 
 from redis import Redis
@@ -140,16 +139,17 @@ class BatchTrace:
 
         context.detach(self._token)
 
-    def end(self, items: list[Item], report: BatchReport, ended_at: datetime) -> None:
-        """The batch's results are stored: its phases, each job's attempt and the batch itself end."""
+    def end(self, items: list[Item], report: BatchReport, finish: tuple[int, int]) -> None:
+        """The batch's results are stored (``finish``: when that began and ended, epoch ns): its phases, the
+        finish, each job's attempt and the batch itself end."""
         from opentelemetry import trace
         from opentelemetry.trace import StatusCode
 
         tracer = tracing._tracer
         inside = trace.set_span_in_context(self.span)
-        for phase, began, ended in report.phases:
+        for phase, began, ended in [*report.phases, ("finish", *finish)]:
             tracer.start_span(phase, context=inside, start_time=began).end(end_time=ended)
-        ended = tracing.ns(ended_at)
+        ended = finish[1]  # a job's attempt ends once its result is stored, events sent, webhook queued
         failed: dict[str, list[str]] = {}
         counted: dict[str, int] = {}
         for item in items:

@@ -127,7 +127,7 @@ def test_up_exports_one_trace_per_job_with_its_batch_linked_and_the_callers_trac
         assert batch.attributes["inferq.batch.size"] == linked[span_id]
         assert batch.attributes["inferq.model"] == "slow" and batch.attributes["inferq.device"] == "cpu"
         phases = {s.name for s in received if s.parent_id == span_id}
-        assert phases == {"preprocess", "collate", "predict", "uncollate", "postprocess"}, phases
+        assert phases == {"preprocess", "collate", "predict", "uncollate", "postprocess", "finish"}, phases
     assert sorted(batch.attributes["inferq.batch.size"] for batch in batch_spans.values()) == sorted(batches.values())
     # The webhook's receiver joins the job's trace: each attempt sent its own span's traceparent.
     sent = [d["headers"]["traceparent"] for d in hooks.deliveries]
@@ -154,7 +154,8 @@ def test_up_exports_one_trace_per_job_with_its_batch_linked_and_the_callers_trac
         "         ├─ collate",
         "         ├─ predict",
         "         ├─ uncollate",
-        "         └─ postprocess",
+        "         ├─ postprocess",
+        "         └─ finish",
     ], otlp.tree(received, caller_trace)
 
 
