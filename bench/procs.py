@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,6 +36,9 @@ class Processes:
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
+            # A group of its own, stopped whole: a server's forked and spawned children (LitServe's, uvicorn's
+            # workers) go with it, and none is left running into the next measurement.
+            start_new_session=True,
         )
         log.close()
         self.procs.append(proc)
@@ -42,15 +46,20 @@ class Processes:
 
     def stop(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+            _signal_group(proc, signal.SIGTERM)
         for proc in self.procs:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # whatever of its group outlived it
         self.procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 def wait_http(url: str, timeout_s: float = 90.0) -> None:

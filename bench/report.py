@@ -28,6 +28,8 @@ TARGETS_DOC = {
     "fairness_drain": "tenants in fair order: the no-op drain with two tenants >= 0.9x with one (fairness off)",
     "fairness_latency": "a small tenant (5 jobs/s) beside another's 10,000 queued at once: its p99 queue time"
     " <= alone + one batch time + 20 ms",
+    "litserve_cnn": "against LitServe (the peer users would pick), ResNet-sized CNN, one request per image (hey):"
+    " inferq >= 1.05x LitServe at 1, 4, 16 and 64 clients",
     "tracing": "traces on (OTLP to a local sink) against off: the no-op drain, and the API's CPU per digit submit"
     " (no target: what tracing costs; off costs nothing, docs/tracing.md)",
 }
@@ -307,6 +309,17 @@ def tracing_rows(results: dict[str, Any]) -> list[Row]:
     ]
 
 
+def litserve_rows(results: dict[str, Any]) -> list[Row]:
+    vs = results.get("litserve")
+    if not vs:
+        return []
+    if "unavailable" in vs:
+        return [_unmeasured("litserve_cnn", vs["unavailable"])]
+    worst = min(vs["points"], key=lambda p: p["ratio"])
+    detail = ", ".join(f"c={p['clients']}: {p['inferq_per_s']:.1f} vs {p['litserve_per_s']:.1f}" for p in vs["points"])
+    return [_target("litserve_cnn", worst["ratio"], 1.05, f"lowest at c={worst['clients']}; img/s {detail}")]
+
+
 # The targets table, in order: one entry per group of rows; a new row is one function here.
 ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     submit_path_rows,
@@ -324,6 +337,7 @@ ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     shards_rows,
     fairness_rows,
     tracing_rows,
+    litserve_rows,
 ]
 
 
@@ -422,6 +436,16 @@ def markdown(results: dict[str, Any]) -> str:
             f"| bare model | batch {point['batch']} | {point['items_per_s']:.1f} | "
             f"{point['batch_ms']:.1f} | | | {point['batch']} | | |"
         )
+    vs = results.get("litserve", {})
+    if vs.get("points"):
+        from bench.vs_litserve import markdown as vs_markdown
+
+        lines += [
+            "",
+            "ResNet-18-sized CNN against LitServe, one request per image (hey; best of alternated rounds):",
+            "",
+        ]
+        lines += [vs_markdown(vs, vs.get("bare_per_s"))]
     open_points = results.get("systems", {}).get("inferq", {}).get("resnet", {}).get("open", [])
     if open_points:
         lines += [

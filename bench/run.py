@@ -35,6 +35,7 @@ from bench.procs import Processes, wait_http
 from bench.report import write_report
 from bench.shards import two_redis_vs_one
 from bench.tracing import tracing_cost
+from bench.vs_litserve import vs_litserve
 from inferq.shared import keys
 from inferq.shared.jobs import QueueCache, Submission, enqueue_job
 from inferq.shared.keys import queue_name
@@ -299,6 +300,7 @@ class Bench:
                 self.results["tracing"] = tracing_cost(
                     self.redis.url, self.tmp, 1 if quick else 3, 2000 if quick else 8000
                 )
+            self._litserve()
             self._inferq()
             if not self.args.skip_peers:
                 for peer in self.args.peers.split(","):
@@ -307,6 +309,23 @@ class Bench:
         finally:
             self.redis.stop()
         return self.results
+
+    def _litserve(self) -> None:
+        """inferq against LitServe on the ResNet-sized CNN, one request per image (bench.vs_litserve)."""
+        if self.args.skip_peers:
+            return
+        if not shutil.which("hey") or importlib.util.find_spec("litserve") is None:
+            self.results["litserve"] = {
+                "unavailable": "needs hey and litserve (the bench extra: make bench installs it)"
+            }
+            return
+        image = payloads_for("resnet", 1)[0][0]
+        rounds = 1 if self.args.quick else 2
+        vs = vs_litserve(
+            self.redis.url, self.tmp / "models", "resnet", image, RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
+        )
+        vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
+        self.results["litserve"] = vs
 
     def _env(self) -> dict[str, str]:
         return {

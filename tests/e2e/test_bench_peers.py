@@ -1,4 +1,5 @@
-"""The benchmark's peers (bench/peers/) serve the digits model behind the shared HTTP contract.
+"""The benchmark's peers (bench/peers/) serve the digits model behind the shared HTTP contract (LitServe behind its
+own: a multipart upload to /predict, as its users write it).
 
 Each peer runs as real processes, the way bench/run.py starts them, on a private redis-server.
 """
@@ -178,3 +179,33 @@ def test_celery_batches(peer: Any, peer_redis: RedisServer, digits_heldout: tupl
         # A bad input fails alone: the batch goes on.
         ok = client.post("/jobs", content=digits_heldout[0][0], headers={"content-type": "image/png"}).json()["id"]
         assert client.get(f"/jobs/{ok}", params={"wait": 10}).json()["status"] == "finished"
+
+
+def test_litserve(peer: Any, digits_heldout: tuple[list[bytes], list[str]]) -> None:
+    """LitServe batches concurrent uploads (max batch 8) and answers each with its own digit."""
+    pytest.importorskip("litserve")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.vs_litserve import multipart
+
+    running = peer("litserve_peer")
+    port = free_port()
+    running.start("api", "--port", str(port), "--model-dir", str(MODEL_DIR), "--threads", "1", "--max-batch", "8")
+    base = f"http://127.0.0.1:{port}"
+    running.wait_healthy(base, timeout_s=120)
+    images, labels = digits_heldout
+    count = min(len(images), 24)
+
+    def predict(image: bytes) -> dict[str, Any]:
+        body, content_type = multipart("file", "digit.png", "image/png", image)
+        response = httpx.post(f"{base}/predict", content=body, headers={"content-type": content_type}, timeout=60)
+        assert response.status_code == 200, f"{response.text}\n{running.logs()}"
+        return dict(response.json())
+
+    alone = [predict(image) for image in images[:count]]  # one at a time: batches of one
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(predict, images[:count]))
+    assert [a["status"] for a in together] == ["finished"] * count
+    assert [a["result"]["label"] for a in alone[:ITEMS]] == labels[:ITEMS]
+    # Batched with others, each upload gets the answer it got alone: its own.
+    assert [a["result"]["label"] for a in together] == [a["result"]["label"] for a in alone]

@@ -56,3 +56,35 @@ def test_the_fairness_rows_hold_within_one_batch_and_20_ms_of_alone() -> None:
     assert "without fairness (one FIFO) 1900 ms" in latency["detail"]
     drain, latency = report.fairness_rows(_fairness(49.5, ratio=0.85))
     assert not drain["holds"] and not latency["holds"]
+
+
+def _vs(*ratios: float) -> dict[str, Any]:
+    points = [
+        {
+            "clients": c,
+            "inferq_per_s": 40.0 * r,
+            "litserve_per_s": 40.0,
+            "inferq_p50_ms": 30.0,
+            "litserve_p50_ms": 31.0,
+            "ratio": r,
+        }
+        for c, r in zip((1, 4, 16, 64), ratios, strict=True)
+    ]
+    return {"litserve": {"points": points, "max_batch": 8, "bare_per_s": 48.0}}
+
+
+def test_the_litserve_row_holds_only_when_every_load_is_ahead_by_5_percent() -> None:
+    (row,) = report.litserve_rows(_vs(1.10, 1.06, 1.05, 1.07))
+    assert row["holds"] is True
+    (row,) = report.litserve_rows(_vs(1.10, 1.02, 0.99, 1.02))  # the first measurement
+    assert row["holds"] is False and row["detail"].startswith("0.99x (lowest at c=16;")
+    (row,) = report.litserve_rows({"litserve": {"unavailable": "needs hey"}})
+    assert row["holds"] is None and row["detail"] == "needs hey"
+    table = report.markdown(
+        {
+            "machine": {"platform": "p", "cpus": 2, "torch": "t", "device": "cpu"},
+            "point_seconds": 6,
+            **_vs(1.1, 1.1, 1.1, 1.1),
+        }
+    )
+    assert "| 64 | 44.0 | 40.0 | 1.10× |" in table and "at 64 clients inferq is 0.92× it" in table
