@@ -175,8 +175,11 @@ class SentinelGroup:
         return told
 
     def wait_for_new_primary(self, old_port: int, timeout_s: float = 60) -> int:
-        """Until every answering sentinel names the same new primary and it accepts writes; its port. Waiting for the
-        first sentinel only let a client that asked another one still be sent to the old primary."""
+        """Until every answering sentinel names the same new primary, it accepts writes, and the old primary no
+        longer does (demoted, or gone); the new one's port. Waiting for the first sentinel only let a client that
+        asked another one still be sent to the old primary; and until the old primary is demoted, a client still
+        connected to it writes there, and what it writes is lost when it resyncs from the new one (Redis's
+        replication is asynchronous: a loaded machine widened that window until a test's job was lost in it)."""
 
         def promoted() -> bool:
             told = self._ports_told()
@@ -185,9 +188,15 @@ class SentinelGroup:
             (port,) = told
             try:
                 with redis_py.Redis(port=port, socket_timeout=1) as client:
-                    return client.info("replication")["role"] == "master"
+                    if client.info("replication")["role"] != "master":
+                        return False
             except redis_py.RedisError:
                 return False
+            try:
+                with redis_py.Redis(port=old_port, socket_timeout=1) as old:
+                    return bool(old.info("replication")["role"] != "master")
+            except redis_py.RedisError:
+                return True  # killed, frozen or unreachable: it takes no writes
 
         wait_until(promoted, timeout_s, "a failover")
         return self.primary_port()
