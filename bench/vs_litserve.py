@@ -54,13 +54,8 @@ def _inferq(procs: Processes, model: str, seconds: float, image: bytes) -> dict[
     procs.start("vs-inferq-api", "inferq", "--log-level", "WARNING", "api", "--port", str(port))
     procs.start("vs-inferq-worker", "inferq", "--log-level", "WARNING", "worker", "--model", model)
     base = f"http://127.0.0.1:{port}"
-    wait_http(f"{base}/readyz")
-    url, headers = f"{base}/v1/models/{model}/jobs", {"content-type": "image/jpeg", "prefer": "wait=60"}
-    _ready(lambda: hammer(url, 1, 1.0, tool="hey", method="POST", body=image, headers=headers).statuses)
-    try:
-        return {c: _point(url, c, seconds, image, headers) for c in CLIENTS}
-    finally:
-        procs.stop()
+    headers = {"content-type": "image/jpeg", "prefer": "wait=60"}
+    return _measure(procs, f"{base}/readyz", f"{base}/v1/models/{model}/jobs", image, headers, seconds)
 
 
 def _litserve(procs: Processes, model_dir: Path, max_batch: int, seconds: float, image: bytes) -> dict[int, Any]:
@@ -68,24 +63,25 @@ def _litserve(procs: Processes, model_dir: Path, max_batch: int, seconds: float,
     args = ["--port", str(port), "--model-dir", str(model_dir), "--max-batch", str(max_batch)]
     procs.start("vs-litserve", "bench.peers.litserve_peer", "api", *args, "--batch-timeout", str(BATCH_TIMEOUT_S))
     base = f"http://127.0.0.1:{port}"
-    wait_http(f"{base}/healthz", timeout_s=120)
     body, content_type = multipart("file", "image.jpg", "image/jpeg", image)
-    url, headers = f"{base}/predict", {"content-type": content_type}
-    _ready(lambda: hammer(url, 1, 1.0, tool="hey", method="POST", body=body, headers=headers).statuses)
+    return _measure(procs, f"{base}/healthz", f"{base}/predict", body, {"content-type": content_type}, seconds)
+
+
+def _measure(
+    procs: Processes, health: str, url: str, body: bytes, headers: dict[str, str], seconds: float
+) -> dict[int, dict[str, Any]]:
+    """The started server's load points, once it answers a request with 200 (its model loaded and warm); then it is
+    stopped, whatever happened."""
     try:
+        wait_http(health, timeout_s=120)
+        deadline = time.monotonic() + 120
+        while not hammer(url, 1, 1.0, tool="hey", method="POST", body=body, headers=headers).statuses.get("200"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} never answered 200")
+            time.sleep(0.5)
         return {c: _point(url, c, seconds, body, headers) for c in CLIENTS}
     finally:
         procs.stop()
-
-
-def _ready(statuses: Any, timeout_s: float = 120) -> None:
-    """Until the server answers a request with 200: its model loaded and warm."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if statuses().get("200"):
-            return
-        time.sleep(0.5)
-    raise RuntimeError("the server never answered 200")
 
 
 def vs_litserve(

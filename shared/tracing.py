@@ -273,7 +273,8 @@ def submit_span(headers: Mapping[str, str], model: str, route: str) -> Iterator[
 
     attributes = {"messaging.system": SYSTEM, "messaging.operation.type": "send", "inferq.model": model}
     attributes["http.route"] = route
-    served = trace.get_current_span().get_span_context().is_valid  # None: the current context, the server span's
+    # Under FastAPI's request span, the current context (context=None) is the parent; else the request's headers.
+    served = trace.get_current_span().get_span_context().is_valid
     parent = None if served else parent_of(headers)
     span = _tracer.start_span(f"send {model}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes)
     # Not made OpenTelemetry's current span (a fifth of the span's cost), only the one log lines name.

@@ -42,15 +42,16 @@ class BatchTrace:
         parents = [tracing.parent_of(job.info) for job in self.jobs]
         # Bulk items whose upload line gave a trace context: each gets its own spans in the line's trace.
         lines = [(item, tracing.parent_of(item.trace)) for item in items if item.trace]
+        # The batch links to every submit it serves: each job's, and each traced line's.
+        served: list[tuple[Any, dict[str, Any]]] = [
+            (parent, {"messaging.message.id": job.id}) for job, parent in zip(self.jobs, parents, strict=True)
+        ]
+        served += [(parent, {"messaging.message.id": i.job.id, "inferq.custom_id": i.custom_id}) for i, parent in lines]
         links = []
-        for job, parent in zip(self.jobs, parents, strict=True):
+        for parent, linked in served:
             submitted = tracing.span_context_in(parent)
             if submitted is not None:
-                links.append(Link(submitted, {"messaging.message.id": job.id}))
-        for item, parent in lines:
-            submitted = tracing.span_context_in(parent)
-            if submitted is not None:
-                links.append(Link(submitted, {"messaging.message.id": item.job.id, "inferq.custom_id": item.custom_id}))
+                links.append(Link(submitted, linked))
         attributes = {
             "messaging.system": tracing.SYSTEM,
             "messaging.operation.type": "process",
@@ -66,23 +67,25 @@ class BatchTrace:
             f"batch {config.served}", kind=SpanKind.CONSUMER, links=links, start_time=started, attributes=attributes
         )
         batch = Link(self.span.get_span_context())
+
+        def attempt(job: Claimed, parent: Any, waited: dict[str, Any], ran: dict[str, Any]) -> Any:
+            """The job's (or line's) wait in the queue, over by now, and its attempt, open: linked to the batch."""
+            if job.enqueued_at is not None:
+                at = tracing.ns(job.enqueued_at)
+                tracer.start_span(f"queue {queue}", context=parent, start_time=at, attributes=waited).end(
+                    end_time=started
+                )
+            kind = SpanKind.CONSUMER
+            return tracer.start_span(
+                f"process {queue}", context=parent, kind=kind, links=[batch], start_time=started, attributes=ran
+            )
+
         self.attempts: dict[str, Any] = {}
         ttl_s = settings.queue_ttl_s + settings.job_timeout_s + 600
         with connection.pipeline(transaction=False) as pipe:
             for job, parent in zip(self.jobs, parents, strict=True):
                 job_id = {"messaging.message.id": job.id}
-                if job.enqueued_at is not None:  # its wait in the queue, over by now
-                    at = tracing.ns(job.enqueued_at)
-                    waited = tracer.start_span(f"queue {queue}", context=parent, start_time=at, attributes=job_id)
-                    waited.end(end_time=started)
-                span = tracer.start_span(
-                    f"process {queue}",
-                    context=parent,
-                    kind=SpanKind.CONSUMER,
-                    links=[batch],
-                    start_time=started,
-                    attributes={"messaging.message.id": job.id, "inferq.batch.size": len(items)},
-                )
+                span = attempt(job, parent, job_id, {**job_id, "inferq.batch.size": len(items)})
                 self.attempts[job.id] = span
                 stored = tracing.carrier(span)["traceparent"]
                 pipe.set(keys.attempt_key(job.id), f"{stored} {started}", ex=ttl_s, get=True)
@@ -92,20 +95,7 @@ class BatchTrace:
         for item, parent in lines:
             line = {"messaging.message.id": item.job.id, "inferq.custom_id": str(item.custom_id)}
             line["inferq.batch.id"] = item.job.info.get(F.BATCH, "")
-            if item.job.enqueued_at is not None:
-                at = tracing.ns(item.job.enqueued_at)
-                tracer.start_span(f"queue {queue}", context=parent, start_time=at, attributes=line).end(
-                    end_time=started
-                )
-            span = tracer.start_span(
-                f"process {queue}",
-                context=parent,
-                kind=SpanKind.CONSUMER,
-                links=[batch],
-                start_time=started,
-                attributes=line,
-            )
-            self.lines.append((item, span))
+            self.lines.append((item, attempt(item.job, parent, line, line)))
         for job, parent, before in zip(self.jobs, parents, previous, strict=True):
             if before:
                 self._lost(job, parent, before.decode() if isinstance(before, bytes) else before, started)
