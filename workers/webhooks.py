@@ -369,6 +369,11 @@ class WebhookWorker(SimpleWorker):
     def run_maintenance_tasks(self) -> None:
         self.outage.skip(super().run_maintenance_tasks, "running maintenance")
 
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        # RQ takes its scheduler locks before its loop, outside every hook above: a sender that started while Redis
+        # was full or busy quit there. Skipped, the scheduler (retries) is started by maintenance once Redis is back.
+        self.outage.skip(lambda: super(WebhookWorker, self)._start_scheduler(*args, **kwargs), "starting its scheduler")
+
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         """RQ's dequeue, waiting out an unavailable Redis (RQ's own retries only a refused connection)."""
         while True:

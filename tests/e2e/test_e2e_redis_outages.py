@@ -17,6 +17,7 @@ from inferq.shared.redis_server import RedisServer, default_server, server_versi
 from tests.support.proxy import FreezingProxy
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
+from tests.support.webhooks import Receiver
 
 pytestmark = pytest.mark.timeout(240)
 # The bound under test: the API answers within a few of these, and a request that outlives BOUND_S fails the test.
@@ -163,6 +164,38 @@ def test_a_full_redis_answers_503_and_no_worker_or_sender_exits(stack: Stack) ->
     assert finishes(stack, after.json()["id"])["result"] == {"output": [3.0, 3.0]}
     assert finishes(stack, queued.json()["id"])["result"] == {"output": [1.0, 1.0]}
     assert_all_alive(stack)
+
+
+def test_a_webhook_sender_started_while_redis_is_full_waits_and_then_delivers_and_retries(tmp_path: Path) -> None:
+    """A sender that comes up while Redis is full waits, then delivers; its retry needs the scheduler, started late."""
+    receiver = Receiver()  # fails each webhook's first delivery: its retry needs the scheduler
+    env = {**ENV, "INFERQ_MAINTENANCE_INTERVAL_S": "1", "INFERQ_WEBHOOK_RETRY_DELAYS_S": "[0.5]"}
+    with serving(new_stack(tmp_path, **env)) as stack:
+        try:
+            stack.start_api()
+            stack.start_worker("slow", name="worker")
+            stack.wait_for_worker("slow")
+            client = stack.redis()
+            client.config_set("maxmemory", "1")
+            try:
+                stack.start("webhooks", name="webhooks")
+                wait_for_log(stack, "webhooks", "Redis is full")
+                assert_all_alive(stack)
+            finally:
+                client.config_set("maxmemory", "0")
+            response = httpx.post(
+                f"{stack.base}/v1/models/slow/jobs",
+                json={"inputs": [4.0, 4.0], "webhook": receiver.url},
+                timeout=BOUND_S,
+            )
+            assert response.status_code == 202, response.text
+            wait_until(lambda: len(receiver.deliveries) >= 2, 60, "the webhook and its retry")
+            assert {d["headers"]["webhook-id"] for d in receiver.deliveries} == {
+                receiver.deliveries[0]["headers"]["webhook-id"]
+            }
+            assert_all_alive(stack)
+        finally:
+            receiver.close()
 
 
 def test_a_busy_redis_answers_503_and_no_worker_or_sender_exits(stack: Stack) -> None:

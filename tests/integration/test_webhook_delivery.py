@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from rq.scheduler import RQScheduler
 
 from inferq.shared.redis_server import free_port
 from inferq.shared.settings import Settings, get_settings
+from inferq.workers import outage
 from inferq.workers.webhooks import webhook_worker
-from tests.support.webhooks import attempts, queue_delivery
+from tests.support.webhooks import Receiver, attempts, queue_delivery
 
 TIMEOUT_S = 1
 DRIP_INTERVAL_S = 0.2
@@ -296,3 +298,29 @@ def test_https_to_a_pinned_address_still_verifies_the_certificate_for_the_name(
         assert server_names == ["hooks.test", "impostor.test"]
     finally:
         server.close()
+
+
+def test_a_sender_whose_scheduler_start_meets_a_full_redis_goes_on_and_delivers(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ takes its scheduler locks before its loop, outside every outage hook: a CI run's sender came up just as the
+    test filled Redis (maxmemory) and quit there with the OOM reply's traceback."""
+    receiver = Receiver(statuses=[204])
+    real = RQScheduler.acquire_locks
+    calls = []
+
+    def full_once(self: RQScheduler, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis_py.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+        return real(self, *args, **kwargs)
+
+    try:
+        job_id = queue_delivery(redis, settings, receiver.url)
+        monkeypatch.setattr(RQScheduler, "acquire_locks", full_once)
+        monkeypatch.setattr(outage.time, "sleep", lambda s: None)
+        webhook_worker(redis, settings).work(burst=True, with_scheduler=True)
+    finally:
+        receiver.close()
+    assert calls == [1]
+    assert [(a["status_code"], a["outcome"]) for a in attempts(redis, job_id)] == [(204, "delivered")]
