@@ -73,13 +73,19 @@ def hammer(
     headers: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     tool: str | None = None,
+    bodies: list[bytes] | None = None,
 ) -> LoadResult:
-    """``clients`` connections, each sending the same request again as soon as its answer came."""
+    """``clients`` connections, each sending the same request again as soon as its answer came; with ``bodies``
+    (wrk only: hey sends one body), each request takes the next of them in turn, a mix of inputs."""
     tool = pick_tool(tool)
     headers = dict(headers or {})
     with tempfile.TemporaryDirectory(prefix="inferq-load-") as tmp:
         body_path = Path(tmp) / "body"
         body_path.write_bytes(body or b"")
+        if bodies:
+            if tool != "wrk":
+                raise ValueError("a mix of bodies needs wrk (hey and the asyncio generator send one body)")
+            return _wrk_mix(url, clients, duration_s, method, bodies, headers, timeout_s, tmp)
         if tool == "hey":
             return _hey(url, clients, duration_s, method, body_path if body else None, headers, timeout_s)
         if tool == "wrk":
@@ -176,6 +182,8 @@ local body = f:read("*a")
 f:close()
 if #body > 0 then wrk.body = body end
 %(headers)s
+"""
+_WRK_DONE = """
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -204,7 +212,7 @@ def _wrk(
     script = Path(tmp) / "inferq.lua"
     header_lines = "\n".join(f"wrk.headers[{_lua_string(k)}] = {_lua_string(v)}" for k, v in headers.items())
     script.write_text(
-        _WRK_LUA
+        (_WRK_LUA + _WRK_DONE)
         % {
             "body": _lua_string(str(body or "/dev/null")),
             "method": _lua_string(method),
@@ -213,6 +221,58 @@ def _wrk(
     )
     threads = max(1, min(2, clients))
     # wrk takes whole seconds.
+    seconds, timeout = max(1, round(duration_s)), max(1, round(timeout_s))
+    cmd = ["wrk", "-t", str(threads), "-c", str(clients), "-d", f"{seconds}s", "--timeout", f"{timeout}s"]
+    return parse_wrk(_run([*cmd, "-s", str(script), url], duration_s, timeout_s), clients)
+
+
+# wrk with a mix: the bodies read from files body.1 … body.N, each thread sending them in turn from its own start.
+_WRK_MIX_LUA = """
+wrk.method = %(method)s
+%(headers)s
+local bodies = {}
+for i = 1, %(count)d do
+  local f = assert(io.open(%(prefix)s .. i, "rb"))
+  bodies[i] = f:read("*a")
+  f:close()
+end
+local n = 0
+function setup(thread)
+  thread:set("start", math.random(#bodies))
+end
+function init(args)
+  n = start or 0
+end
+function request()
+  n = n + 1
+  return wrk.format(nil, nil, nil, bodies[(n %% #bodies) + 1])
+end
+"""
+
+
+def _wrk_mix(
+    url: str,
+    clients: int,
+    duration_s: float,
+    method: str,
+    bodies: list[bytes],
+    headers: dict[str, str],
+    timeout_s: float,
+    tmp: str,
+) -> LoadResult:
+    prefix = Path(tmp) / "body."
+    for i, body in enumerate(bodies, 1):
+        Path(f"{prefix}{i}").write_bytes(body)
+    script = Path(tmp) / "inferq-mix.lua"
+    header_lines = "\n".join(f"wrk.headers[{_lua_string(k)}] = {_lua_string(v)}" for k, v in headers.items())
+    mix = (_WRK_MIX_LUA + _WRK_DONE) % {
+        "method": _lua_string(method),
+        "headers": header_lines,
+        "count": len(bodies),
+        "prefix": _lua_string(str(prefix)),
+    }
+    script.write_text(mix)
+    threads = max(1, min(2, clients))
     seconds, timeout = max(1, round(duration_s)), max(1, round(timeout_s))
     cmd = ["wrk", "-t", str(threads), "-c", str(clients), "-d", f"{seconds}s", "--timeout", f"{timeout}s"]
     return parse_wrk(_run([*cmd, "-s", str(script), url], duration_s, timeout_s), clients)

@@ -1,4 +1,4 @@
-"""Model folders for the benchmark: a ResNet-18-sized CNN at 224x224, the digits demo, a no-op."""
+"""Model folders for the benchmark: a ResNet-18-sized CNN at 224x224, the digits demo, a no-op, the langid text demo."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ def build_models(target: Path, resnet_max_batch: int = 16) -> dict[str, Path]:
     noop.mkdir(exist_ok=True)
     save_export(NoOp(), torch.zeros(2, 4), noop / "model.pt2")
     _config(noop, "tensor", {"kind": "tensor", "shape": [4], "dtype": "float32"}, 256, labels=None)
-    return {"resnet": resnet, "digits": digits, "noop": noop}
+    langid = target / "langid"  # the text demo model, a tiny BERT (models/langid/train.py), as shipped
+    shutil.copytree(ROOT / "models" / "langid", langid, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.py"))
+    return {"resnet": resnet, "digits": digits, "noop": noop, "langid": langid}
 
 
 def _config(folder: Path, handler: str, spec: dict[str, object], max_batch: int, labels: list[str] | None) -> None:

@@ -30,6 +30,8 @@ TARGETS_DOC = {
     " <= alone + one batch time + 20 ms",
     "litserve_cnn": "against LitServe (the peer users would pick), ResNet-sized CNN, one request per image (hey):"
     " inferq >= 1.05x LitServe at 1, 4, 16 and 64 clients",
+    "litserve_text": "against LitServe, the langid text model, texts of a realistic spread of lengths (wrk):"
+    " inferq >= 1.3x LitServe at saturation (64 clients); padding waste of both in the detail",
     "tracing": "traces on (OTLP to a local sink) against off: the no-op drain, and the API's CPU per digit submit"
     " (no target: what tracing costs; off costs nothing, docs/tracing.md)",
 }
@@ -317,7 +319,18 @@ def litserve_rows(results: dict[str, Any]) -> list[Row]:
         return [_unmeasured("litserve_cnn", vs["unavailable"])]
     worst = min(vs["points"], key=lambda p: p["ratio"])
     detail = ", ".join(f"c={p['clients']}: {p['inferq_per_s']:.1f} vs {p['litserve_per_s']:.1f}" for p in vs["points"])
-    return [_target("litserve_cnn", worst["ratio"], 1.05, f"lowest at c={worst['clients']}; img/s {detail}")]
+    rows = [_target("litserve_cnn", worst["ratio"], 1.05, f"lowest at c={worst['clients']}; img/s {detail}")]
+    text = results.get("litserve_text")
+    if not text:
+        return rows
+    if "unavailable" in text:
+        return [*rows, _unmeasured("litserve_text", text["unavailable"])]
+    top = text["points"][-1]
+    waste = ", ".join(f"{side} {share:.0%}" for side, share in sorted(text.get("padding_waste", {}).items()))
+    detail = (
+        f"c={top['clients']}: {top['inferq_per_s']:.0f} vs {top['litserve_per_s']:.0f} texts/s; padding waste {waste}"
+    )
+    return [*rows, _target("litserve_text", top["ratio"], 1.3, detail)]
 
 
 # The targets table, in order: one entry per group of rows; a new row is one function here.
@@ -446,6 +459,17 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
         lines += [vs_markdown(vs, vs.get("bare_per_s"))]
+    text = results.get("litserve_text", {})
+    if text.get("points"):
+        from bench.vs_litserve import markdown as vs_markdown
+
+        lines += [
+            "",
+            f"The langid text model against LitServe, {text['inputs']} texts of spread lengths in turn "
+            "(wrk; best of alternated rounds):",
+            "",
+            vs_markdown(text),
+        ]
     open_points = results.get("systems", {}).get("inferq", {}).get("resnet", {}).get("open", [])
     if open_points:
         lines += [

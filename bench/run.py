@@ -35,7 +35,7 @@ from bench.procs import Processes, wait_http
 from bench.report import write_report
 from bench.shards import two_redis_vs_one
 from bench.tracing import tracing_cost
-from bench.vs_litserve import vs_litserve
+from bench.vs_litserve import TEXT_MAX_BATCH, image_inputs, text_inputs, texts, vs_litserve
 from inferq.shared import keys
 from inferq.shared.jobs import QueueCache, Submission, enqueue_job
 from inferq.shared.keys import queue_name
@@ -311,7 +311,8 @@ class Bench:
         return self.results
 
     def _litserve(self) -> None:
-        """inferq against LitServe on the ResNet-sized CNN, one request per image (bench.vs_litserve)."""
+        """inferq against LitServe on the ResNet-sized CNN and the langid text model, one request per input
+        (bench.vs_litserve)."""
         if self.args.skip_peers:
             return
         if not shutil.which("hey") or importlib.util.find_spec("litserve") is None:
@@ -321,11 +322,19 @@ class Bench:
             return
         image = payloads_for("resnet", 1)[0][0]
         rounds = 1 if self.args.quick else 2
+        models = self.tmp / "models"
         vs = vs_litserve(
-            self.redis.url, self.tmp / "models", "resnet", image, RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
+            self.redis.url, models, "resnet", image_inputs(image), RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
         )
         vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
         self.results["litserve"] = vs
+        if not shutil.which("wrk"):
+            self.results["litserve_text"] = {"unavailable": "needs wrk (a mix of texts; hey sends one body)"}
+            return
+        corpus = text_inputs(texts())
+        self.results["litserve_text"] = vs_litserve(
+            self.redis.url, models, "langid", corpus, TEXT_MAX_BATCH, rounds, self.point_s, self.tmp
+        )
 
     def _env(self) -> dict[str, str]:
         return {

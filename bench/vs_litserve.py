@@ -1,35 +1,99 @@
-"""`python -m bench.vs_litserve`: inferq against LitServe, the server a user would pick instead, on the same model
-and the same JPEG, one request per image, alternated rounds (docs/performance).
+"""`python -m bench.vs_litserve [--model resnet|langid]`: inferq against LitServe, the server a user would pick
+instead, on the same model and the same inputs, one request per input, alternated rounds (docs/performance).
 
-- inferq: `inferq api` and one `inferq worker` for the model; a request is `POST /v1/models/<m>/jobs` with the JPEG
+- inferq: `inferq api` and one `inferq worker` for the model; a request is `POST /v1/models/<m>/jobs` with the input
   as its body and `Prefer: wait=60`, answered `200` with the finished job (its one-call form);
 - LitServe: `bench.peers.litserve_peer`, batching as its docs advise (`max_batch_size` the model's, a 5 ms
-  `batch_timeout`), the JPEG as the multipart field `file`, as its docs upload files.
+  `batch_timeout`); an image is the multipart field `file`, as its docs upload files, a text the JSON `{"input"}`.
 
-Both run the model through inferq's own handler, with the torch threads each process gets by default, and `hey`
-drives both at 1, 4, 16 and 64 clients. Rounds alternate inferq, LitServe, LitServe, inferq…, and each side's best
-round at each load counts. Only `200` answers count as images served.
+Two models:
+
+- `resnet`, the ResNet-18-sized CNN, max batch 8: one 224×224 JPEG for every request, `hey` at 1, 4, 16, 64 clients;
+- `langid`, the text demo (a tiny BERT, max batch 64, `max_batch_tokens` 4096): texts of a realistic spread of
+  lengths (`texts()`: a few words to a paragraph, cut at the model's 128 tokens), each request the next text, so
+  `wrk` drives it (hey sends one body). LitServe pads each batch to its longest text, as its users' batches do;
+  inferq groups a batch by length within its token budget. The padding waste of both is measured: inferq's from its
+  `/metrics` (`inferq_batch_padded_tokens_total`), LitServe's from the peer's `--stats` file.
+
+Both run the model through inferq's own handler, with the torch threads each process gets by default. Rounds
+alternate inferq, LitServe, LitServe, inferq…, and each side's best round at each load counts. Only `200` answers
+count as items served.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
+import re
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+import httpx
 from redis import Redis
 
-from bench.generators import hammer
+from bench.generators import LoadResult, hammer
 from bench.procs import Processes, wait_http
 from inferq.shared.redis_server import RedisServer, free_port
 
 CLIENTS = (1, 4, 16, 64)
 BATCH_TIMEOUT_S = 0.005
+TEXT_MAX_BATCH = 64  # langid's max_batch: LitServe's max_batch_size, as its docs advise
+TEXT_LOCALES = ("en_US", "de_DE", "fr_FR", "es_ES", "it_IT", "nl_NL", "pl_PL", "cs_CZ")  # langid's languages
+# Words per text: log-normal, median 12, most between 3 and 50: queries and sentences beside a few paragraphs.
+TEXT_MEDIAN_WORDS, TEXT_SIGMA, TEXT_MAX_WORDS = 12, 0.9, 160
+
+
+def texts(count: int = 512, seed: int = 0) -> list[str]:
+    """Texts in langid's languages, of a realistic spread of lengths, from the word lists faker ships."""
+    rng = random.Random(seed)
+    lists = [import_module(f"faker.providers.lorem.{locale}").Provider.word_list for locale in TEXT_LOCALES]
+    out = []
+    for _ in range(count):
+        words = rng.choice(lists)
+        n = min(TEXT_MAX_WORDS, max(1, round(rng.lognormvariate(math.log(TEXT_MEDIAN_WORDS), TEXT_SIGMA))))
+        out.append(" ".join(rng.choice(words) for _ in range(n)).capitalize() + ".")
+    return out
+
+
+@dataclass
+class Inputs:
+    """What each side sends: one body for every request (hey), or a mix sent in turn (wrk)."""
+
+    inferq: list[bytes]
+    inferq_type: str
+    litserve: list[bytes]
+    litserve_type: str
+
+    def load(self, side: str) -> Callable[[str, int, float], LoadResult]:
+        bodies = self.inferq if side == "inferq" else self.litserve
+        content_type = self.inferq_type if side == "inferq" else self.litserve_type
+        headers = {"content-type": content_type, **({"prefer": "wait=60"} if side == "inferq" else {})}
+        if len(bodies) == 1:
+            return lambda url, c, s: hammer(url, c, s, tool="hey", method="POST", body=bodies[0], headers=headers)
+        return lambda url, c, s: hammer(url, c, s, tool="wrk", method="POST", bodies=bodies, headers=headers)
+
+
+def image_inputs(image: bytes) -> Inputs:
+    body, content_type = multipart("file", "image.jpg", "image/jpeg", image)
+    return Inputs([image], "image/jpeg", [body], content_type)
+
+
+def text_inputs(corpus: list[str]) -> Inputs:
+    return Inputs(
+        [t.encode() for t in corpus],
+        "text/plain; charset=utf-8",
+        [json.dumps({"input": t}).encode() for t in corpus],
+        "application/json",
+    )
 
 
 def multipart(field: str, filename: str, content_type: str, data: bytes) -> tuple[bytes, str]:
@@ -42,63 +106,103 @@ def multipart(field: str, filename: str, content_type: str, data: bytes) -> tupl
     return head + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def _point(url: str, clients: int, seconds: float, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
-    hammer(url, clients, 1.0, tool="hey", method="POST", body=body, headers=headers)  # warm: the batch sizes settle
-    result = hammer(url, clients, seconds, tool="hey", method="POST", body=body, headers=headers).summary()
-    result["images_per_s"] = result["statuses"].get("200", 0) / result["duration_s"]
+def _point(load: Callable[[str, int, float], LoadResult], url: str, clients: int, seconds: float) -> dict[str, Any]:
+    load(url, clients, 1.0)  # warm: the batch sizes settle
+    result = load(url, clients, seconds).summary()
+    # hey counts answers by status; wrk counts the 2xx and 3xx together (a 3xx is never answered here).
+    served = result["statuses"].get("200", 0) if result["tool"] == "hey" else result["ok"]
+    result["images_per_s"] = served / result["duration_s"]
     return result
 
 
-def _inferq(procs: Processes, model: str, seconds: float, image: bytes) -> dict[int, dict[str, Any]]:
+def _inferq(procs: Processes, model: str, seconds: float, inputs: Inputs) -> dict[str, Any]:
     port = free_port()
     procs.start("vs-inferq-api", "inferq", "--log-level", "WARNING", "api", "--port", str(port))
     procs.start("vs-inferq-worker", "inferq", "--log-level", "WARNING", "worker", "--model", model)
     base = f"http://127.0.0.1:{port}"
-    headers = {"content-type": "image/jpeg", "prefer": "wait=60"}
-    return _measure(procs, f"{base}/readyz", f"{base}/v1/models/{model}/jobs", image, headers, seconds)
+    return _measure(
+        procs, f"{base}/readyz", f"{base}/v1/models/{model}/jobs", inputs.load("inferq"), seconds, lambda: _scrape(base)
+    )
 
 
-def _litserve(procs: Processes, model_dir: Path, max_batch: int, seconds: float, image: bytes) -> dict[int, Any]:
+def _litserve(procs: Processes, model_dir: Path, max_batch: int, seconds: float, inputs: Inputs) -> dict[str, Any]:
     port = free_port()
     args = ["--port", str(port), "--model-dir", str(model_dir), "--max-batch", str(max_batch)]
+    stats = procs.log_dir / f"litserve-stats-{port}.json"
+    if len(inputs.litserve) > 1:
+        args += ["--text", "--stats", str(stats)]
     procs.start("vs-litserve", "bench.peers.litserve_peer", "api", *args, "--batch-timeout", str(BATCH_TIMEOUT_S))
     base = f"http://127.0.0.1:{port}"
-    body, content_type = multipart("file", "image.jpg", "image/jpeg", image)
-    return _measure(procs, f"{base}/healthz", f"{base}/predict", body, {"content-type": content_type}, seconds)
+    read = lambda: json.loads(stats.read_text()) if stats.exists() else {}  # noqa: E731
+    return _measure(procs, f"{base}/healthz", f"{base}/predict", inputs.load("litserve"), seconds, read)
+
+
+def _scrape(base: str) -> dict[str, float]:
+    """inferq's token counters, from its /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out = {}
+    for name, key in (("inferq_batch_tokens_total", "tokens"), ("inferq_batch_padded_tokens_total", "padded_tokens")):
+        found = re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.M)
+        if found:
+            out[key] = sum(float(v) for v in found)
+    return out
 
 
 def _measure(
-    procs: Processes, health: str, url: str, body: bytes, headers: dict[str, str], seconds: float
-) -> dict[int, dict[str, Any]]:
-    """The started server's load points, once it answers a request with 200 (its model loaded and warm); then it is
-    stopped, whatever happened."""
+    procs: Processes,
+    health: str,
+    url: str,
+    load: Callable[[str, int, float], LoadResult],
+    seconds: float,
+    counts: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """The started server's load points, once it answers a request with 200 (its model loaded and warm), and its
+    token counts after them; then it is stopped, whatever happened."""
     try:
         wait_http(health, timeout_s=120)
         deadline = time.monotonic() + 120
-        while not hammer(url, 1, 1.0, tool="hey", method="POST", body=body, headers=headers).statuses.get("200"):
+        while not load(url, 1, 1.0).ok:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} never answered 200")
             time.sleep(0.5)
-        return {c: _point(url, c, seconds, body, headers) for c in CLIENTS}
+        points = {c: _point(load, url, c, seconds) for c in CLIENTS}
+        return {"points": points, "counts": counts()}
     finally:
         procs.stop()
 
 
+def padding_waste(counts: dict[str, Any]) -> float | None:
+    """The share of the padded token grid that was padding."""
+    padded = counts.get("padded_tokens")
+    return 1.0 - counts.get("tokens", 0) / padded if padded else None
+
+
 def vs_litserve(
-    redis_url: str, models_dir: Path, model: str, image: bytes, max_batch: int, rounds: int, seconds: float, logs: Path
+    redis_url: str,
+    models_dir: Path,
+    model: str,
+    inputs: Inputs,
+    max_batch: int,
+    rounds: int,
+    seconds: float,
+    logs: Path,
 ) -> dict[str, Any]:
     """Alternated rounds, inferq and LitServe on one model; each side's best round per client count."""
     procs = Processes(logs, {"INFERQ_REDIS_URL": redis_url, "INFERQ_MODELS_DIR": str(models_dir)})
     best: dict[str, dict[int, dict[str, Any]]] = {"inferq": {}, "litserve": {}}
+    waste: dict[str, list[float]] = {"inferq": [], "litserve": []}
     rows: list[dict[str, Any]] = []
     order = ["inferq", "litserve", "litserve", "inferq"] * rounds
     for side in order[: 2 * rounds]:
         Redis.from_url(redis_url).flushall()
         if side == "inferq":
-            points = _inferq(procs, model, seconds, image)
+            measured = _inferq(procs, model, seconds, inputs)
         else:
-            points = _litserve(procs, models_dir / model, max_batch, seconds, image)
-        for clients, point in points.items():
+            measured = _litserve(procs, models_dir / model, max_batch, seconds, inputs)
+        share = padding_waste(measured["counts"])
+        if share is not None:
+            waste[side].append(share)
+        for clients, point in measured["points"].items():
             rows.append({"side": side, "clients": clients, **point})
             if clients not in best[side] or point["images_per_s"] > best[side][clients]["images_per_s"]:
                 best[side][clients] = point
@@ -113,12 +217,21 @@ def vs_litserve(
         }
         for c in CLIENTS
     ]
-    return {"model": model, "max_batch": max_batch, "batch_timeout_s": BATCH_TIMEOUT_S, "points": table, "rounds": rows}
+    return {
+        "model": model,
+        "max_batch": max_batch,
+        "batch_timeout_s": BATCH_TIMEOUT_S,
+        "inputs": len(inputs.inferq),
+        "padding_waste": {side: sum(v) / len(v) for side, v in waste.items() if v},
+        "points": table,
+        "rounds": rows,
+    }
 
 
 def markdown(result: dict[str, Any], bare_per_s: float | None = None) -> str:
+    unit = "texts/s" if result.get("model") == "langid" else "img/s"
     lines = [
-        "| clients | inferq img/s | LitServe img/s | inferq / LitServe | p50 inferq / LitServe (ms) |",
+        f"| clients | inferq {unit} | LitServe {unit} | inferq / LitServe | p50 inferq / LitServe (ms) |",
         "|---|---|---|---|---|",
     ]
     for p in result["points"]:
@@ -126,11 +239,19 @@ def markdown(result: dict[str, Any], bare_per_s: float | None = None) -> str:
             f"| {p['clients']} | {p['inferq_per_s']:.1f} | {p['litserve_per_s']:.1f} | {p['ratio']:.2f}× "
             f"| {p['inferq_p50_ms'] or 0:.0f} / {p['litserve_p50_ms'] or 0:.0f} |"
         )
+    waste = result.get("padding_waste") or {}
+    if waste:
+        lines.append("")
+        lines.append(
+            "Padding waste (padding's share of the token positions run): "
+            + ", ".join(f"{side} {share:.0%}" for side, share in sorted(waste.items()))
+            + "."
+        )
     if bare_per_s:
         top = result["points"][-1]
         lines.append("")
         lines.append(
-            f"Bare model, batch {result['max_batch']}, same run: {bare_per_s:.1f} img/s; at {top['clients']} clients "
+            f"Bare model, batch {result['max_batch']}, same run: {bare_per_s:.1f} {unit}; at {top['clients']} clients "
             f"inferq is {top['inferq_per_s'] / bare_per_s:.2f}× it, LitServe {top['litserve_per_s'] / bare_per_s:.2f}×."
         )
     return "\n".join(lines)
@@ -138,31 +259,34 @@ def markdown(result: dict[str, Any], bare_per_s: float | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["resnet", "langid"], default="resnet")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0, help="each load point's length")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if shutil.which("hey") is None:
-        raise SystemExit("bench.vs_litserve needs hey (apt-get install hey)")
+    tool = "wrk" if args.model == "langid" else "hey"
+    if shutil.which(tool) is None:
+        raise SystemExit(f"bench.vs_litserve --model {args.model} needs {tool} (apt-get install {tool})")
     from bench.models import build_models
     from bench.run import RESNET_MAX_BATCH, bare_model, payloads_for
 
     tmp = Path(tempfile.mkdtemp(prefix="inferq-vs-litserve-"))
     models = build_models(tmp / "models", resnet_max_batch=RESNET_MAX_BATCH)
-    bare = bare_model(models["resnet"], [RESNET_MAX_BATCH], 3.0)
-    image = payloads_for("resnet", 1)[0][0]
+    if args.model == "resnet":
+        bare_per_s: float | None = bare_model(models["resnet"], [RESNET_MAX_BATCH], 3.0)["best_items_per_s"]
+        inputs, max_batch = image_inputs(payloads_for("resnet", 1)[0][0]), RESNET_MAX_BATCH
+    else:
+        bare_per_s, inputs, max_batch = None, text_inputs(texts()), TEXT_MAX_BATCH
     redis = RedisServer(tmp / "redis", appendonly=False)
     redis.start()
     try:
-        result = vs_litserve(
-            redis.url, tmp / "models", "resnet", image, RESNET_MAX_BATCH, args.rounds, args.seconds, tmp
-        )
+        result = vs_litserve(redis.url, tmp / "models", args.model, inputs, max_batch, args.rounds, args.seconds, tmp)
     finally:
         redis.stop()
-    result["bare_per_s"] = bare["best_items_per_s"]
+    result["bare_per_s"] = bare_per_s
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
-    print(markdown(result, result["bare_per_s"]))
+    print(markdown(result, bare_per_s))
 
 
 if __name__ == "__main__":

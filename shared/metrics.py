@@ -55,6 +55,7 @@ JOB_HISTOGRAMS = (
     ("e2e", "inferq_job_end_to_end_seconds", TIME_BUCKETS_S, "Time from submit to the job's end."),
 )
 BATCH_HISTOGRAM = ("batch", "inferq_batch_size", BATCH_BUCKETS, "Items per batch a worker ran (one per batch).")
+TOKENS, PADDED_TOKENS = "tokens", "padded_tokens"  # counters: a sequence model's tokens, and its padded grid
 ENDED = "ended"  # counter: jobs ended, by status
 ACCEPTED = "accepted"  # counter: a tenant's jobs (and upload lines) accepted, by lane (the status page's in flight)
 FAILED = "failed"  # counter: failures, by reason class
@@ -183,9 +184,13 @@ def fold_tenants(fields: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def batch_increments(items: int) -> Increments:
+def batch_increments(items: int, tokens: int = 0, padded_tokens: int = 0) -> Increments:
+    """One batch: its size, and for a sequence model the tokens it held and the padded grid they ran in."""
     acc: Increments = {}
     observe(acc, BATCH_HISTOGRAM[0], float(items), BATCH_BUCKETS)
+    if padded_tokens:
+        add(acc, TOKENS, float(tokens))
+        add(acc, PADDED_TOKENS, float(padded_tokens))
     return acc
 
 
@@ -374,6 +379,14 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
     }
     batch_name, batch_metric, batch_buckets, batch_help = BATCH_HISTOGRAM
     batches = HistogramMetricFamily(batch_metric, batch_help, labels=["model", "version"])
+    tokens = CounterMetricFamily(
+        "inferq_batch_tokens", "Tokens of input a sequence model's batches held.", labels=["model", "version"]
+    )
+    padded = CounterMetricFamily(
+        "inferq_batch_padded_tokens",
+        "Token positions a sequence model ran, padding included (1 - tokens / padded is the padding waste).",
+        labels=["model", "version"],
+    )
     for served, state in sorted(models.items()):
         model, number = keys.split_served(served)
         version = str(number)
@@ -394,7 +407,10 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
                 histograms[name].add_metric([model, version, tenant], hist.prometheus_buckets(), hist.sum)
         hist = histogram(state.totals, batch_name, batch_buckets)
         batches.add_metric([model, version], hist.prometheus_buckets(), hist.sum)
-    yield from (depth, age, workers, rolled_back, ended, failures, *histograms.values(), batches)
+        if PADDED_TOKENS in state.totals:
+            tokens.add_metric([model, version], state.totals.get(TOKENS, 0.0))
+            padded.add_metric([model, version], state.totals[PADDED_TOKENS])
+    yield from (depth, age, workers, rolled_back, ended, failures, *histograms.values(), batches, tokens, padded)
 
 
 def _webhook_metrics(fields: Mapping[str, float]) -> Iterator[Metric]:

@@ -458,7 +458,7 @@ class BatchWorker(SimpleWorker):
         """The finish, then (INFERQ_DURABILITY) its end events once a replica has the results: each retried on
         its own, so a confirmation that waits never runs the finish twice. Then the batch's spans end."""
         began = time.time_ns()
-        events = self._retrying(lambda: self._finish(runner, items, queue, ended_at))
+        events = self._retrying(lambda: self._finish(runner, items, queue, ended_at, report))
         if events:
             self._retrying(lambda: durability.release(self.connection, self.settings, events))
         if traced is not None and report is not None:
@@ -554,7 +554,9 @@ class BatchWorker(SimpleWorker):
         settings = self.settings
         return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
 
-    def _finish(self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime) -> list[bytes]:
+    def _finish(
+        self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime, report: BatchReport | None
+    ) -> list[bytes]:
         """Store every result, move registries, publish events and queue webhooks: one transaction.
 
         Runs on the finisher's thread, maybe while the next batch starts: it leaves the worker's state alone
@@ -575,7 +577,8 @@ class BatchWorker(SimpleWorker):
         working_s = (ended_at - items[0].job.started_at).total_seconds()
         with self.connection.pipeline(transaction=True) as pipe:
             qk = layout.queue_keys(queue.name)
-            batch = metrics.batch_increments(len(items))
+            padding = (report.tokens, report.padded_tokens) if report is not None else (0, 0)
+            batch = metrics.batch_increments(len(items), *padding)
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
             vanished, superseded, events = finish.finished(call, pipe.execute())
         if runner.judged:

@@ -7,6 +7,7 @@ Each peer runs as real processes, the way bench/run.py starts them, on a private
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -209,3 +210,36 @@ def test_litserve(peer: Any, digits_heldout: tuple[list[bytes], list[str]]) -> N
     assert [a["result"]["label"] for a in alone[:ITEMS]] == labels[:ITEMS]
     # Batched with others, each upload gets the answer it got alone: its own.
     assert [a["result"]["label"] for a in together] == [a["result"]["label"] for a in alone]
+
+
+def test_litserve_text(peer: Any, tmp_path: Path) -> None:
+    """The langid text model behind LitServe (--text): JSON {"input"}, batches padded to their longest text, the
+    token counts kept in --stats; each text gets the answer it gets alone."""
+    pytest.importorskip("litserve")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.vs_litserve import padding_waste, texts
+
+    running = peer("litserve_peer")
+    port = free_port()
+    stats = tmp_path / "stats.json"
+    model = ROOT / "models" / "langid"
+    args = ["--port", str(port), "--model-dir", str(model), "--threads", "1", "--max-batch", "16"]
+    running.start("api", *args, "--text", "--stats", str(stats), "--batch-timeout", "0.05")
+    base = f"http://127.0.0.1:{port}"
+    running.wait_healthy(base, timeout_s=120)
+    corpus = texts(48, seed=1)
+
+    def predict(text: str) -> dict[str, Any]:
+        response = httpx.post(f"{base}/predict", json={"input": text}, timeout=60)
+        assert response.status_code == 200, f"{response.text}\n{running.logs()}"
+        return dict(response.json())
+
+    alone = [predict(text) for text in corpus[:12]]  # one at a time: batches of one, no padding
+    assert json.loads(stats.read_text())["padded_tokens"] == json.loads(stats.read_text())["tokens"]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(predict, corpus))
+    assert [a["result"]["label"] for a in together[:12]] == [a["result"]["label"] for a in alone]
+    counts = json.loads(stats.read_text())
+    assert counts["items"] == 12 + 48 and counts["batches"] < counts["items"]  # batched
+    assert (padding_waste(counts) or 0) > 0  # texts of different lengths in one batch: padded to the longest

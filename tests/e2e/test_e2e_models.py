@@ -162,3 +162,16 @@ def test_the_text_demo_reads_held_out_texts_over_http(models_stack: Stack) -> No
     accuracy = sum(p == t for p, t in zip(predicted, labels, strict=True)) / len(labels)
     print(f"\nlangid demo over HTTP: {accuracy:.3f} on {len(labels)} held-out texts")
     assert accuracy >= 0.95
+    # Its batches' tokens reach /metrics: every text's, exactly, and the padded grid they ran in.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(LANGID / "hf")
+    tokens = sum(len(tokenizer(text, truncation=True, max_length=128)["input_ids"]) for text in texts)
+    exposed = httpx.get(f"{models_stack.base}/metrics", timeout=10).text
+    samples = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in exposed.splitlines()
+        if line.startswith("inferq_batch_") and 'model="langid"' in line and "_tokens_total" in line
+    }
+    assert samples["inferq_batch_tokens_total"] == tokens
+    assert samples["inferq_batch_padded_tokens_total"] >= tokens

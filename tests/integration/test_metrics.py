@@ -39,6 +39,8 @@ AGREED = {
     "inferq_job_inference_seconds": ("histogram", {"model", "version", "tenant"}),
     "inferq_job_end_to_end_seconds": ("histogram", {"model", "version", "tenant"}),
     "inferq_batch_size": ("histogram", {"model", "version"}),
+    "inferq_batch_tokens": ("counter", {"model", "version"}),
+    "inferq_batch_padded_tokens": ("counter", {"model", "version"}),
     "inferq_workers": ("gauge", {"model", "version", "state"}),
     "inferq_version_rolled_back": ("gauge", {"model", "version"}),
     "inferq_webhook_deliveries": ("counter", {"outcome"}),
@@ -212,7 +214,7 @@ def test_the_exposition_has_every_agreed_metric_with_its_type_and_labels() -> No
     metrics.job_increments(totals, "failed", 0.2, 0.03, 0.25, reason="ModelError")
     metrics.job_increments(totals, "finished", 0.02, 0.03, 0.05, tenant="acme")  # a tenant's job: its own series
     metrics.job_increments(totals, "finished", 0.02, 0.03, 0.05, tenant="acme")
-    totals |= metrics.batch_increments(3)
+    totals |= metrics.batch_increments(3, tokens=40, padded_tokens=3 * 20)  # lengths 20, 12, 8: padded to 20
     http = metrics.RequestCounts()
     http.add("/v1/jobs/{job_id}", "GET", 200, 0.004)
     http.add("/v1/jobs/{job_id}", "BREW", 405, 0.001)
@@ -233,6 +235,8 @@ def test_the_exposition_has_every_agreed_metric_with_its_type_and_labels() -> No
     assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "finished"), acme, v1))] == 2
     assert samples[("inferq_jobs_ended_total", (("model", "digits"), ("status", "finished"), anyone, v1))] == 0
     assert samples[("inferq_batch_size_sum", (("model", "digits"), v1))] == 3
+    assert samples[("inferq_batch_tokens_total", (("model", "digits"), v1))] == 40
+    assert samples[("inferq_batch_padded_tokens_total", (("model", "digits"), v1))] == 60
     assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.1"), ("model", "digits"), anyone, v1))] == 0
     assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.25"), ("model", "digits"), anyone, v1))] == 1
     assert samples[("inferq_job_queued_seconds_bucket", (("le", "0.025"), ("model", "digits"), acme, v1))] == 2

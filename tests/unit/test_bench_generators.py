@@ -149,3 +149,31 @@ def test_a_figure_near_the_generators_ceiling_is_marked_limited() -> None:
     assert limited(480, 1000, calls_per_item=2)  # two calls per item: 960 calls/s
     with pytest.raises(ValueError, match="unknown load generator"):
         pick_tool("ab")
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_wrk_sends_a_mix_of_bodies_each_in_turn(server: str) -> None:
+    """bench.vs_litserve's texts: each request the next body, so every one of them is sent."""
+    bodies = [b'{"inputs": [%d]}' % i for i in range(5)]
+    seen: Counter[bytes] = Counter()
+    real = Tiny.do_POST
+
+    def record(handler: Tiny) -> None:
+        body = handler.rfile.read(int(handler.headers.get("content-length", "0")))
+        with Tiny.lock:
+            seen[body] += 1
+        handler._answer(202)
+
+    Tiny.do_POST = record  # type: ignore[method-assign]
+    try:
+        got = hammer(f"{server}/submit", 2, 1.0, method="POST", bodies=bodies, tool="wrk")
+    finally:
+        Tiny.do_POST = real  # type: ignore[method-assign]
+    assert got.ok > 0 and got.failed == 0
+    assert set(seen) == set(bodies)
+    assert max(seen.values()) - min(seen.values()) <= 2  # in turn: each thread's share of the mix stays even
+
+
+def test_a_mix_of_bodies_needs_wrk(server: str) -> None:
+    with pytest.raises(ValueError, match="wrk"):
+        hammer(f"{server}/submit", 2, 1.0, method="POST", bodies=[BODY, BODY], tool="python")

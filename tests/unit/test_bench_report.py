@@ -88,3 +88,27 @@ def test_the_litserve_row_holds_only_when_every_load_is_ahead_by_5_percent() -> 
         }
     )
     assert "| 64 | 44.0 | 40.0 | 1.10× |" in table and "at 64 clients inferq is 0.92× it" in table
+
+
+def test_the_litserve_text_row_holds_at_saturation_from_1_3x_and_shows_both_padding_wastes() -> None:
+    vs = _vs(1.1, 1.1, 1.1, 1.1)
+    text = {**_vs(2.0, 1.5, 1.2, 1.25)["litserve"], "model": "langid", "inputs": 512}
+    text["padding_waste"] = {"inferq": 0.18, "litserve": 0.53}
+    rows = report.litserve_rows({**vs, "litserve_text": text})
+    assert [r["name"] for r in rows] == ["litserve_cnn", "litserve_text"]
+    assert rows[1]["holds"] is False  # 1.25x at 64 clients: the target is the saturated load, not the best
+    assert rows[1]["detail"] == "1.25x (c=64: 50 vs 40 texts/s; padding waste inferq 18%, litserve 53%)"
+    text["points"][-1]["ratio"] = 1.3
+    assert report.litserve_rows({**vs, "litserve_text": text})[1]["holds"] is True
+    (_, row) = report.litserve_rows({**vs, "litserve_text": {"unavailable": "needs wrk"}})
+    assert row["holds"] is None and row["detail"] == "needs wrk"
+    table = report.markdown(
+        {
+            "machine": {"platform": "p", "cpus": 2, "torch": "t", "device": "cpu"},
+            **vs,
+            "point_seconds": 6,
+            "litserve_text": text,
+        }
+    )
+    assert "| 64 | 50.0 | 40.0 | 1.30× |" in table
+    assert "Padding waste (padding's share of the token positions run): inferq 18%, litserve 53%." in table
