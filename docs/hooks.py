@@ -72,6 +72,8 @@ def _type(annotation: Any, comma: bool) -> str:
         return ("comma-separated " if comma else "JSON list of ") + _type(args[0], False) + "s"
     if origin is dict:
         return "comma-separated `name=value` pairs" if comma else "JSON object"
+    if origin in (typing.Union, types.UnionType):  # a number or a word: `INFERQ_CPU_THREADS`
+        return " or ".join(_type(arg, comma) for arg in args)
     return TYPES[annotation]
 
 

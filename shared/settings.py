@@ -250,6 +250,12 @@ class Settings(BaseSettings):
         " a bulk chunk, so an application's next request, sent once its answer came, runs before the chunk (0 turns"
         " it off; at most 1000)",
     )
+    cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        default="auto",
+        description="the threads a CPU worker's forwards use: a number, or `auto`, which measures the forwards at"
+        " each count up to the cores the worker may use and keeps the fastest, measuring again every 30 s (a"
+        " worker with a CUDA model leaves torch's default) ([Operating](operating.md#cpu-threads))",
+    )
     overlap: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs"

@@ -45,6 +45,7 @@ from inferq.shared.lifecycle.queues import register_queues
 from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings
 from inferq.workers import traces
+from inferq.workers.cpu_threads import tuner_for
 from inferq.workers.lanes import LanePolicy
 from inferq.workers.outage import Outage
 from inferq.workers.outcomes import chunk_outcome, outcome_of
@@ -125,6 +126,9 @@ class BatchWorker(SimpleWorker):
 
         # The overlap: the next batch is prepared while the model runs the current one (module docstring).
         cuda = any(runner.device.type == "cuda" for runner in runners.values())
+        self.tuner = tuner_for(settings.cpu_threads, cuda)  # INFERQ_CPU_THREADS (workers/cpu_threads.py)
+        for runner in runners.values():
+            runner.tuner = self.tuner
         self.overlap = settings.overlap == "on" or (settings.overlap == "auto" and cuda)
         self.prefetch = Prefetcher(
             connection=self.connection,

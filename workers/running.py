@@ -20,6 +20,7 @@ from inferq.shared.errors import AppError, ConfigError
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.models import ModelConfig, weights_sha256
 from inferq.workers.collation import CountMismatch, record_stream, signature
+from inferq.workers.cpu_threads import ThreadTuner
 from inferq.workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class ModelRunner:
     weights_sha256: str | None = None  # what a job's view names as the weights that answered it
     # Its model has other versions: each batch's outcomes are judged for a rollback (shared/versions.py).
     judged: bool = False
+    # The worker's intra-op thread count (workers/cpu_threads.py), told of each forward; None: torch's default.
+    tuner: ThreadTuner | None = None
 
 
 @dataclass
@@ -246,6 +249,9 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     """One forward pass; out of memory halves the batch, any other failure bisects to the guilty item."""
     handler = runner.handler
     report.forwards += 1
+    tuner = runner.tuner
+    if tuner is not None:
+        tuner.before(runner.config.name)
     began = time.time_ns()
     try:
         with torch.inference_mode():
@@ -278,6 +284,8 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
         _run_group(runner, items[half:], report)
         return
     predicted = time.time_ns()
+    if tuner is not None:
+        tuner.observe(runner.config.name, (predicted - began) / 1e9, len(items))
     try:
         per_item = handler.uncollate(outputs, len(items))
         if len(per_item) != len(items):
