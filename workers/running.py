@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import traceback
 from collections import defaultdict
@@ -48,6 +49,8 @@ class ModelRunner:
     judged: bool = False
     # The worker's intra-op thread count (workers/cpu_threads.py), told of each forward; None: torch's default.
     tuner: ThreadTuner | None = None
+    # A sequence model's forward time against its padded positions, which the plan's cuts weigh (``partition``).
+    forward_cost: ForwardCost = field(default_factory=lambda: ForwardCost())
 
 
 @dataclass
@@ -172,26 +175,76 @@ def run_batch(runner: ModelRunner, items: list[Item]) -> BatchReport:
 
 
 def plan(runner: ModelRunner, items: list[Item]) -> list[list[Item]]:
-    """Sub-batches within the ceiling; with ``max_batch_tokens``, of similar lengths within the token budget."""
+    """Sub-batches within the ceiling; with ``max_batch_tokens``, of similar lengths within the token budget, cut
+    where the padding they save is worth more than another forward (``partition``)."""
     if not items:
         return []
     budget = runner.config.max_batch_tokens
     lengths = [runner.handler.item_length(item.value) for item in items] if budget else []
     if not budget or any(length is None for length in lengths):
         return [items[i : i + runner.max_batch] for i in range(0, len(items), runner.max_batch)]
-    groups: list[list[Item]] = []
-    group: list[Item] = []
-    longest = 0
-    for length, item in sorted(zip(lengths, items, strict=True), key=lambda pair: pair[0] or 0):
-        size = length or 0
-        # Sorted ascending, so the newcomer is the longest: the padded grid is count x its length.
-        if group and ((len(group) + 1) * max(longest, size) > budget or len(group) >= runner.max_batch):
-            groups.append(group)
-            group, longest = [], 0
-        group.append(item)
-        longest = max(longest, size)
-    groups.append(group)
-    return groups
+    pairs = sorted(zip(lengths, items, strict=True), key=lambda pair: pair[0] or 0)
+    ordered = [length or 0 for length, _ in pairs]
+    cuts = partition(ordered, runner.max_batch, budget, runner.forward_cost.overhead_positions())
+    return [[item for _, item in pairs[start:end]] for start, end in cuts]
+
+
+def partition(lengths: list[int], max_batch: int, budget: int, overhead: float) -> list[tuple[int, int]]:
+    """Cut ascending ``lengths`` into runs, each at most ``max_batch`` long and ``budget`` padded positions (a run of
+    one may exceed it), minimising the padded positions run plus ``overhead`` positions per forward: the fewest
+    forwards when a forward's fixed cost is large, the least padding when it is small. Dynamic programming over
+    the cut points (at most ``len(lengths) * max_batch`` steps)."""
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    start_of = [0] * (n + 1)
+    for end in range(1, n + 1):
+        longest = lengths[end - 1]  # ascending: a run's last length is its longest
+        for start in range(end - 1, max(-1, end - 1 - max_batch), -1):
+            size = end - start
+            if size > 1 and size * longest > budget:
+                break
+            cost = best[start] + overhead + size * longest
+            if cost < best[end]:
+                best[end], start_of[end] = cost, start
+    cuts = []
+    end = n
+    while end > 0:
+        cuts.append((start_of[end], end))
+        end = start_of[end]
+    return cuts[::-1]
+
+
+class ForwardCost:
+    """A sequence model's forward time as ``a + b * padded positions``, fitted by least squares over its recent
+    forwards; ``a / b``, the fixed cost of a forward in positions, is what ``partition`` weighs a cut against."""
+
+    def __init__(self, default_positions: float = 64.0, decay: float = 0.98, min_samples: int = 20) -> None:
+        self.default = default_positions
+        self.decay = decay
+        self.min_samples = min_samples
+        self.samples = 0
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def observe(self, positions: int, seconds: float) -> None:
+        d = self.decay
+        self.n = self.n * d + 1
+        self.sx = self.sx * d + positions
+        self.sy = self.sy * d + seconds
+        self.sxx = self.sxx * d + positions * positions
+        self.sxy = self.sxy * d + positions * seconds
+        self.samples += 1
+
+    def overhead_positions(self) -> float:
+        if self.samples < self.min_samples:
+            return self.default
+        spread = self.n * self.sxx - self.sx * self.sx
+        if spread <= 0:
+            return self.default
+        slope = (self.n * self.sxy - self.sx * self.sy) / spread
+        intercept = (self.sy - slope * self.sx) / self.n
+        if slope <= 0:
+            return self.default
+        return min(max(intercept / slope, 0.0), 1e6)
 
 
 def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isolate: bool = True) -> None:
@@ -286,6 +339,10 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     predicted = time.time_ns()
     if tuner is not None:
         tuner.observe(runner.config.name, (predicted - began) / 1e9, len(items))
+    if runner.config.max_batch_tokens:
+        lengths = [handler.item_length(item.value) for item in items]
+        if all(length is not None for length in lengths):
+            runner.forward_cost.observe(len(items) * max(length or 0 for length in lengths), (predicted - began) / 1e9)
     try:
         per_item = handler.uncollate(outputs, len(items))
         if len(per_item) != len(items):

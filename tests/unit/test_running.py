@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -15,7 +16,7 @@ from inferq.shared.errors import InvalidInput
 from inferq.shared.models import load_model_config
 from inferq.workers.collation import pad_sequences, split, stack
 from inferq.workers.handlers import Handler
-from inferq.workers.running import Item, ModelRunner, load_runner, run_batch
+from inferq.workers.running import ForwardCost, Item, ModelRunner, load_runner, partition, run_batch
 from tests.support.builders import Ragged, gray_png, sentences, write_bert, write_config, write_fixed_batch_cnn
 
 CPU = torch.device("cpu")
@@ -260,3 +261,48 @@ def test_half_precision_gives_the_same_labels(bert_folder: Path, tmp_path: Path)
     # Random weights make near-ties; a label may flip only where float32's top two scores are within 2%.
     assert sum(a != b for a, b in zip(labels["float32"], labels["bfloat16"], strict=True)) <= 2
     assert labels["float16"] == labels["float32"]
+
+
+def _cost(lengths: list[int], cuts: list[tuple[int, int]], overhead: float) -> float:
+    return sum(overhead + (end - start) * lengths[end - 1] for start, end in cuts)
+
+
+def _every_partition(n: int) -> list[list[tuple[int, int]]]:
+    out = []
+    for mask in range(2 ** (n - 1)):  # a cut after item i where bit i is set
+        starts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1]
+        out.append(list(zip(starts, [*starts[1:], n], strict=True)))
+    return out
+
+
+def test_partition_finds_the_cheapest_cuts_within_the_ceiling_and_the_budget() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randint(1, 8)
+        lengths = sorted(rng.randint(1, 60) for _ in range(n))
+        max_batch, budget, overhead = rng.randint(1, 8), rng.randint(40, 300), rng.choice([0.0, 10.0, 64.0, 500.0])
+        allowed = [
+            cuts
+            for cuts in _every_partition(n)
+            if all(e - s <= max_batch and (e - s == 1 or (e - s) * lengths[e - 1] <= budget) for s, e in cuts)
+        ]
+        cuts = partition(lengths, max_batch, budget, overhead)
+        assert cuts in allowed
+        assert _cost(lengths, cuts, overhead) == min(_cost(lengths, c, overhead) for c in allowed)
+
+
+def test_partition_trades_forwards_against_padding() -> None:
+    lengths = [3, 4, 5, 6, 40, 41, 42, 100]
+    assert partition(lengths, 64, 4096, overhead=10_000) == [(0, 8)]  # a forward costs more than any padding
+    assert partition(lengths, 64, 4096, overhead=64) == [(0, 4), (4, 7), (7, 8)]
+    assert partition([3, 200], 64, 100, overhead=1e6) == [(0, 1), (1, 2)]  # over the budget together: apart
+
+
+def test_forward_cost_learns_a_forwards_fixed_cost_in_positions() -> None:
+    cost = ForwardCost(default_positions=64.0)
+    assert cost.overhead_positions() == 64.0
+    rng = random.Random(0)
+    for _ in range(100):
+        positions = rng.randint(8, 4096)
+        cost.observe(positions, 0.0004 + positions * 3e-6)  # 0.4 ms a forward, 3 us a position
+    assert cost.overhead_positions() == pytest.approx(0.0004 / 3e-6, rel=1e-6)
