@@ -92,17 +92,24 @@ def payloads_for(model: str, count: int = 32) -> tuple[list[bytes], str]:
     return out, "image/jpeg"
 
 
-def bare_model(model_dir: Path, batch_sizes: list[int], min_time_s: float, device: str = "cpu") -> dict[str, Any]:
-    """A tight model(batch) loop on prepared inputs: the physical limit."""
+def bare_model(
+    model_dir: Path, batch_sizes: list[int], min_time_s: float, device: str = "cpu", channels_last: bool = False
+) -> dict[str, Any]:
+    """A tight model(batch) loop on prepared inputs: the physical limit of the model as given (``channels_last``:
+    of the model and its batches converted to the layout inferq's worker may choose, workers/running.py)."""
     config = load_model_config(model_dir)
     handler = load_handler(config, torch.device(device))
     handler.load()
+    if channels_last:
+        handler.model.to(memory_format=torch.channels_last)
     payloads, content_type = payloads_for(model_dir.name, 8)
     item = handler.preprocess(payloads[0], content_type)
     points = []
     for size in batch_sizes:
         with torch.inference_mode():
             batch = handler.collate([item] * size)
+            if channels_last:
+                batch = batch.contiguous(memory_format=torch.channels_last)
             handler.predict(batch)  # warm-up
             _sync(device)
             runs, started = 0, time.perf_counter()
@@ -327,6 +334,9 @@ class Bench:
             self.redis.url, models, "resnet", image_inputs(image), RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
         )
         vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
+        vs["bare_channels_last_per_s"] = bare_model(
+            self.models["resnet"], [RESNET_MAX_BATCH], 3.0, channels_last=True
+        )["best_items_per_s"]
         self.results["litserve"] = vs
         if not shutil.which("wrk"):
             self.results["litserve_text"] = {"unavailable": "needs wrk (a mix of texts; hey sends one body)"}

@@ -111,6 +111,9 @@ class ModelConfig(BaseModel):
     compile: bool = False
     # Run one batch at start so the first client's job does not pay for lazy initialisation.
     warmup: bool = False
+    # An image model's layout: "auto" times both at the batch ceiling on the CPU and keeps the faster
+    # (workers/running.py choose_layout).
+    memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
     input: Input
     labels: list[str] | None = None
     top_k: int = Field(default=5, ge=1)

@@ -17,7 +17,16 @@ from inferq.shared.models import load_model_config
 from inferq.workers.collation import pad_sequences, split, stack
 from inferq.workers.handlers import Handler
 from inferq.workers.running import ForwardCost, Item, ModelRunner, load_runner, partition, run_batch
-from tests.support.builders import Ragged, gray_png, sentences, write_bert, write_config, write_fixed_batch_cnn
+from tests.support.builders import (
+    Ragged,
+    cnn_in_every_format,
+    gray_png,
+    sentences,
+    small_cnn,
+    write_bert,
+    write_config,
+    write_fixed_batch_cnn,
+)
 
 CPU = torch.device("cpu")
 TENSOR_4 = {"kind": "tensor", "shape": [4], "dtype": "float32"}
@@ -306,3 +315,26 @@ def test_forward_cost_learns_a_forwards_fixed_cost_in_positions() -> None:
         positions = rng.randint(8, 4096)
         cost.observe(positions, 0.0004 + positions * 3e-6)  # 0.4 ms a forward, 3 us a position
     assert cost.overhead_positions() == pytest.approx(0.0004 / 3e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous", "auto"])
+@pytest.mark.parametrize("fmt", ["export", "safetensors", "torchscript"])
+def test_an_image_model_answers_the_same_in_either_memory_layout(tmp_path: Path, fmt: str, layout: str) -> None:
+    """channels_last is a layout, not a model: every format's answers stay those of the model as given."""
+    folder = cnn_in_every_format(tmp_path)[fmt]
+    config = json.loads((folder / "config.json").read_text())
+    write_config(folder, **{**config, "memory_format": layout})
+    runner = load_runner(load_model_config(folder), torch.device("cpu"), 8)
+    if layout != "auto":  # auto keeps whichever its timing found faster: either is right
+        assert runner.channels_last is (layout == "channels_last")
+    items = _items([gray_png(seed) for seed in range(6)], "image/png")
+    run_batch(runner, items)
+    alone = [small_cnn()(runner.handler.preprocess(gray_png(seed), "image/png").unsqueeze(0)) for seed in range(6)]
+    for item, logits in zip(items, alone, strict=True):
+        probs = torch.softmax(logits.detach().flatten(), dim=0)
+        assert item.output["score"] == pytest.approx(float(probs.max()), abs=1e-5)
+
+
+def test_a_text_model_is_never_laid_out_channels_last(bert_folder: Path, tmp_path: Path) -> None:
+    runner = _text_runner(bert_folder, tmp_path, max_batch=8)
+    assert not runner.channels_last
