@@ -135,10 +135,19 @@ def _worker(connection: Redis, settings: Settings, model_dir: Path, device: str,
     return BatchWorker({config.name: runner}, connection=connection, settings=settings, name=name)
 
 
-def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int, rounds: int = 3) -> dict[str, Any]:
-    """Jobs already enqueued, drained by one worker: inferq's BatchWorker vs RQ's SimpleWorker.
+def drain(
+    redis_url: str,
+    model_dir: Path,
+    inferq_jobs: int,
+    rq_jobs: int,
+    rounds: int = 3,
+    digits_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Jobs already enqueued, drained by one worker: inferq's BatchWorker vs RQ's SimpleWorker, both on the no-op
+    model; with ``digits_dir``, also inferq on real digit jobs (8x8 PNGs through the digits CNN) against the same
+    RQ no-op drain (issue 31: what a real model's image work costs beside the queue's).
 
-    The two alternate, ``rounds`` times each, and the best round of each counts: on a shared machine a
+    The sides alternate, ``rounds`` times each, and the best round of each counts: on a shared machine a
     burst of someone else's work then lands on one round, not on one side of the ratio.
     """
     from bench.peers import plain_rq
@@ -146,24 +155,36 @@ def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int, round
     connection = Redis.from_url(redis_url)
     settings = Settings(redis_url=redis_url)
     payloads, content_type = payloads_for("noop", 8)
-    inferq_rates, rq_rates = [], []
-    for round_ in range(rounds):
+    inferq_rates, rq_rates, digit_rates = [], [], []
+
+    def inferq_drain(model: str, folder: Path, inputs: list[bytes], kind: str, round_: int) -> float:
         connection.flushall()
         queues = QueueCache(connection)
         for i in range(inferq_jobs):
-            enqueue_job(queues, settings, Submission("noop", payloads[i % 8], content_type))
-        worker = _worker(connection, settings, model_dir, "cpu", f"bench-drain-{os.getpid()}-{round_}")
+            enqueue_job(queues, settings, Submission(model, inputs[i % len(inputs)], kind))
+        worker = _worker(connection, settings, folder, "cpu", f"bench-drain-{model}-{os.getpid()}-{round_}")
         started = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING")
-        inferq_rates.append(inferq_jobs / (time.perf_counter() - started))
+        return inferq_jobs / (time.perf_counter() - started)
 
+    for round_ in range(rounds):
+        inferq_rates.append(inferq_drain("noop", model_dir, payloads, content_type, round_))
         connection.flushall()
         jobs = [payloads[i % 8] for i in range(rq_jobs)]
         rq_rates.append(plain_rq.drain_rate(connection, model_dir, jobs, content_type))
-        log.info("drain round %d: inferq %.0f, RQ SimpleWorker %.0f jobs/s", round_, inferq_rates[-1], rq_rates[-1])
+        if digits_dir is not None:
+            pngs, png_type = payloads_for("digits", 8)
+            digit_rates.append(inferq_drain("digits", digits_dir, pngs, png_type, round_))
+        log.info(
+            "drain round %d: inferq %.0f, RQ SimpleWorker %.0f, inferq digits %s jobs/s",
+            round_,
+            inferq_rates[-1],
+            rq_rates[-1],
+            f"{digit_rates[-1]:.0f}" if digit_rates else "-",
+        )
     connection.flushall()
     connection.close()
-    return {
+    out = {
         "inferq_jobs_per_s": max(inferq_rates),
         "rq_jobs_per_s": max(rq_rates),
         "ratio": max(inferq_rates) / max(rq_rates),
@@ -171,6 +192,11 @@ def drain(redis_url: str, model_dir: Path, inferq_jobs: int, rq_jobs: int, round
         "rq_jobs": rq_jobs,
         "rounds": {"inferq": inferq_rates, "rq": rq_rates},
     }
+    if digit_rates:
+        out["digits_jobs_per_s"] = max(digit_rates)
+        out["digits_ratio"] = max(digit_rates) / max(rq_rates)
+        out["rounds"]["digits"] = digit_rates
+    return out
 
 
 class Saturation:
@@ -290,7 +316,9 @@ class Bench:
                 "noop": bare_model(self.models["noop"], [1, 256], bare_time),
             }
             jobs = (2000, 150) if quick else (10000, 500)
-            self.results["drain"] = drain(self.redis.url, self.models["noop"], *jobs, rounds=1 if quick else 5)
+            self.results["drain"] = drain(
+                self.redis.url, self.models["noop"], *jobs, rounds=1 if quick else 5, digits_dir=self.models["digits"]
+            )
             overlap_jobs, overlap_rounds = (32, 1) if quick else (48, 4)
             self.results["overlap"] = overlap_cost(self.redis.url, self.models["resnet"], overlap_jobs, overlap_rounds)
             self.results["gpu"] = gpu_rows(self.redis.url, self.models["resnet"], quick)
@@ -334,9 +362,9 @@ class Bench:
             self.redis.url, models, "resnet", image_inputs(image), RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
         )
         vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
-        vs["bare_channels_last_per_s"] = bare_model(
-            self.models["resnet"], [RESNET_MAX_BATCH], 3.0, channels_last=True
-        )["best_items_per_s"]
+        vs["bare_channels_last_per_s"] = bare_model(self.models["resnet"], [RESNET_MAX_BATCH], 3.0, channels_last=True)[
+            "best_items_per_s"
+        ]
         self.results["litserve"] = vs
         if not shutil.which("wrk"):
             self.results["litserve_text"] = {"unavailable": "needs wrk (a mix of texts; hey sends one body)"}

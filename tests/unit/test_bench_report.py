@@ -112,3 +112,22 @@ def test_the_litserve_text_row_holds_at_saturation_from_1_3x_and_shows_both_padd
     )
     assert "| 64 | 50.0 | 40.0 | 1.30× |" in table
     assert "Padding waste (padding's share of the token positions run): inferq 18%, litserve 53%." in table
+
+
+def test_the_digit_drain_row_holds_from_10x_rqs_no_op_drain() -> None:
+    drain = {
+        "inferq_jobs_per_s": 15000.0,
+        "rq_jobs_per_s": 530.0,
+        "ratio": 15000 / 530,
+        "digits_jobs_per_s": 5000.0,
+        "digits_ratio": 5000 / 530,
+        "rounds": {"inferq": [15000.0], "rq": [530.0], "digits": [5000.0]},
+    }
+    noop, digits = report.drain_rows({"drain": drain})
+    assert noop["name"] == "drain" and noop["holds"] is True
+    assert digits["name"] == "drain_digits" and digits["holds"] is False
+    assert digits["detail"] == "9.43x (5000 vs 530 jobs/s, best of 1 alternated)"
+    drain["digits_ratio"] = 10.0
+    assert report.drain_rows({"drain": drain})[1]["holds"] is True
+    del drain["digits_ratio"]
+    assert [r["name"] for r in report.drain_rows({"drain": drain})] == ["drain"]
