@@ -167,8 +167,7 @@ def run_prepared(runner: ModelRunner, prepared: Prepared) -> BatchReport:
         if collate_error is not None:
             _collate_apart(runner, group, collate_error, report)
             continue
-        _count_tokens(runner, group, report)
-        _forward(runner, group, batch, report)
+        _forward(runner, group, batch, report, _count_tokens(runner, group, report))
     report.inference_ms = prepared.prepare_ms + (time.perf_counter() - started) * 1000.0
     return report
 
@@ -265,15 +264,18 @@ def _run_group(runner: ModelRunner, items: list[Item], report: BatchReport, isol
         _collate_apart(runner, items, exc, report)
         return
     report.phases.append(("collate", began, time.time_ns()))
-    _count_tokens(runner, items, report)
-    _forward(runner, items, batch, report)
+    _forward(runner, items, batch, report, _count_tokens(runner, items, report))
 
 
-def _count_tokens(runner: ModelRunner, items: list[Item], report: BatchReport) -> None:
+def _count_tokens(runner: ModelRunner, items: list[Item], report: BatchReport) -> int | None:
+    """Add the group's tokens and padded grid to the report; the grid's positions (None: not a sequence model)."""
     lengths = [runner.handler.item_length(item.value) for item in items]
-    if all(length is not None for length in lengths):
-        report.tokens += sum(length or 0 for length in lengths)
-        report.padded_tokens += len(items) * max(length or 0 for length in lengths)
+    if not all(length is not None for length in lengths):
+        return None
+    positions = len(items) * max(length or 0 for length in lengths)
+    report.tokens += sum(length or 0 for length in lengths)
+    report.padded_tokens += positions
+    return positions
 
 
 def _collate_apart(runner: ModelRunner, items: list[Item], exc: Exception, report: BatchReport) -> None:
@@ -302,8 +304,9 @@ def _collate_apart(runner: ModelRunner, items: list[Item], exc: Exception, repor
         _run_group(runner, group, report, isolate=False)
 
 
-def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchReport) -> None:
-    """One forward pass; out of memory halves the batch, any other failure bisects to the guilty item."""
+def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchReport, positions: int | None) -> None:
+    """One forward pass; out of memory halves the batch, any other failure bisects to the guilty item.
+    ``positions``: a sequence model's padded grid, which its forward time is fitted against (``ForwardCost``)."""
     handler = runner.handler
     report.forwards += 1
     tuner = runner.tuner
@@ -343,10 +346,8 @@ def _forward(runner: ModelRunner, items: list[Item], batch: Any, report: BatchRe
     predicted = time.time_ns()
     if tuner is not None:
         tuner.observe(runner.config.name, (predicted - began) / 1e9, len(items))
-    if runner.config.max_batch_tokens:
-        lengths = [handler.item_length(item.value) for item in items]
-        if all(length is not None for length in lengths):
-            runner.forward_cost.observe(len(items) * max(length or 0 for length in lengths), (predicted - began) / 1e9)
+    if positions is not None and runner.config.max_batch_tokens:
+        runner.forward_cost.observe(positions, (predicted - began) / 1e9)
     try:
         per_item = handler.uncollate(outputs, len(items))
         if len(per_item) != len(items):

@@ -174,13 +174,22 @@ def write_config(folder: Path, **config: Any) -> Path:
     return folder
 
 
+CNN_LABELS = ["a", "b", "c"]
+
+
+def small_cnn_probs(handler: Any, image: bytes) -> dict[str, float]:
+    """SmallCNN's own answer for a PNG as ``handler`` preprocesses it: each label's probability."""
+    item = handler.preprocess(image, "image/png")
+    probs = torch.softmax(small_cnn()(item.unsqueeze(0))[0], dim=0)
+    return dict(zip(CNN_LABELS, probs.tolist(), strict=True))
+
+
 def cnn_in_every_format(root: Path) -> dict[str, Path]:
     """The same SmallCNN as export, safetensors, torchscript and ONNX model folders (image_classifier)."""
     from safetensors.torch import save_file
 
     model = small_cnn()
-    labels = ["a", "b", "c"]
-    common = {"handler": "image_classifier", "input": IMAGE_INPUT, "labels": labels, "top_k": 3, "max_batch": 8}
+    common = {"handler": "image_classifier", "input": IMAGE_INPUT, "labels": CNN_LABELS, "top_k": 3, "max_batch": 8}
     folders = {}
     folder = write_config(root / "cnn-export", format="export", weights="model.pt2", **common)
     save_export(model, torch.zeros(2, 1, 8, 8), folder / "model.pt2")
