@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from inferq.shared.errors import ConfigError, InvalidInput, UnsupportedMedia
 from inferq.shared.models import ModelConfig, load_model_config
@@ -178,6 +178,60 @@ def test_rgb_conversion_and_per_channel_normalization(tmp_path: Path) -> None:
     assert item.shape == (3, 4, 6)
     expected = torch.tensor([10 / 255, (200 / 255 - 0.5) / 0.5, (30 / 255 - 1.0) / 2.0])
     torch.testing.assert_close(item[:, 0, 0], expected)
+
+
+def test_every_pixel_is_normalized_channel_first_and_the_upload_is_left_as_sent(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        input={"kind": "image", "mode": "RGB", "size": [5, 7], "mean": [0.2, 0.4, 0.6], "std": [0.3, 0.2, 0.1]},
+    )
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    out = BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    item = ImageClassifier(config, CPU).preprocess(out.getvalue(), "image/png")
+    assert item.shape == (3, 5, 7) and item.dtype == torch.float32 and item.is_contiguous()
+    reference = (torch.from_numpy(pixels).permute(2, 0, 1) / 255.0 - torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1)) / (
+        torch.tensor([0.3, 0.2, 0.1]).view(3, 1, 1)
+    )
+    torch.testing.assert_close(item, reference.float(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("fmt", "options"), [("JPEG", {"quality": 100}), ("PNG", {}), ("WEBP", {"lossless": True})])
+def test_an_exif_rotated_photo_is_turned_upright(tmp_path: Path, fmt: str, options: dict) -> None:
+    """A phone's photo stores its pixels sideways and says so in EXIF (orientation 6: rotate 90 degrees clockwise)."""
+    config = _config(tmp_path, input={"kind": "image", "mode": "L", "size": [16, 8]})
+    stored = np.zeros((8, 16), dtype=np.uint8)  # stored 16 wide, 8 high: the left half white
+    stored[:, :8] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = BytesIO()
+    Image.fromarray(stored).save(out, format=fmt, exif=exif.tobytes(), **options)
+    item = ImageClassifier(config, CPU).preprocess(out.getvalue(), f"image/{fmt.lower()}")
+    assert item.shape == (1, 16, 8)  # upright: 8 wide, 16 high
+    # Rotated clockwise, the stored left half is the upright top half.
+    assert item[0, :7].mean() > 0.9 and item[0, 9:].mean() < 0.1
+
+
+def test_an_xmp_orientation_turns_a_png_upright(tmp_path: Path) -> None:
+    config = _config(tmp_path, input={"kind": "image", "mode": "L", "size": [16, 8]})
+    stored = np.zeros((8, 16), dtype=np.uint8)
+    stored[:, :8] = 255
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", '<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>')
+    out = BytesIO()
+    Image.fromarray(stored).save(out, format="PNG", pnginfo=info)
+    item = ImageClassifier(config, CPU).preprocess(out.getvalue(), "image/png")
+    assert item.shape == (1, 16, 8) and item[0, :7].mean() > 0.9
+
+
+def test_a_palette_image_with_transparency_is_read_in_the_model_mode(tmp_path: Path) -> None:
+    config = _config(tmp_path, input={"kind": "image", "mode": "RGB", "size": [2, 2]})
+    image = Image.new("P", (2, 2), 1)
+    image.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    out = BytesIO()
+    image.save(out, format="PNG", transparency=0)
+    item = ImageClassifier(config, CPU).preprocess(out.getvalue(), "image/png")
+    torch.testing.assert_close(item[:, 0, 0], torch.tensor([1.0, 0.0, 0.0]))
 
 
 def test_image_handler_needs_image_input(tmp_path: Path) -> None:
