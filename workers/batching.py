@@ -256,8 +256,11 @@ class BatchWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[JSONJob, Queue] | None:
-        """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues."""
-        self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+        """RQ's dequeue without its per-job fetch (execute_job loads the batch anyway), atomic for any queues.
+
+        The worker says it is idle only when nothing waits: while batches follow one another it stays busy, and
+        the round trip that said idle between them (queued behind the last batch's finish in Redis) is gone.
+        """
         ready = self.prefetch.take()
         if ready is not None:
             self._held = (ready.queue, ready.job_ids)
@@ -274,7 +277,11 @@ class BatchWorker(SimpleWorker):
                     self.run_maintenance_tasks()
                 if timeout is not None and idle_left is not None:
                     timeout = min(timeout, idle_left)
-                claimed = self._claim(None if self.draining else timeout)  # draining: an empty queue ends it
+                claimed = self._claim(None)  # what already waits
+                # A burst or a draining worker ends at an empty queue; any other waits for work, saying so.
+                if claimed is None and timeout is not None and not self.draining:
+                    self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+                    claimed = self._claim(timeout)
                 self.outage.ok()
                 if claimed is None:
                     return None
