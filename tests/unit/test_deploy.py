@@ -56,6 +56,8 @@ AGREED_METRICS = {
     "inferq_job_inference_seconds": "histogram",
     "inferq_job_end_to_end_seconds": "histogram",
     "inferq_batch_size": "histogram",
+    "inferq_batch_tokens_total": "counter",
+    "inferq_batch_padded_tokens_total": "counter",
     "inferq_workers": "gauge",
     "inferq_webhook_deliveries_total": "counter",
     "inferq_webhook_delivery_seconds": "histogram",
@@ -85,7 +87,7 @@ def exposed_metric_names() -> set[str]:
 
     totals: metrics.Increments = {}
     metrics.job_increments(totals, "failed", 0.2, 0.03, 0.25, reason="ModelError")
-    totals |= metrics.batch_increments(3)
+    totals |= metrics.batch_increments(3, tokens=40, padded_tokens=54)  # a sequence model's batch: its token counts
     http = metrics.RequestCounts()
     http.add("/v1/jobs/{job_id}", "GET", 200, 0.004)
     hooks: metrics.Increments = {}
