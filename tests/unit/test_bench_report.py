@@ -1,4 +1,4 @@
-"""The benchmark's shards row: a ratio short of 1.8x reads as bound by the cores only when the profile says so."""
+"""The benchmark's rows: when each holds, and what it is measured against."""
 
 from __future__ import annotations
 
@@ -131,3 +131,33 @@ def test_the_digit_drain_row_holds_from_10x_rqs_no_op_drain() -> None:
     assert report.drain_rows({"drain": drain})[1]["holds"] is True
     del drain["digits_ratio"]
     assert [r["name"] for r in report.drain_rows({"drain": drain})] == ["drain"]
+
+
+def _resnet(p50_ms: float, per_s: float) -> dict[str, Any]:
+    def loop(b1_ms: float, b8_per_s: float) -> dict[str, Any]:
+        points = [{"batch": 1, "batch_ms": b1_ms, "items_per_s": 1000 / b1_ms}]
+        return {"points": [*points, {"batch": 8, "batch_ms": 8000 / b8_per_s, "items_per_s": b8_per_s}]}
+
+    closed = [{"clients": 1, "p50_ms": p50_ms, "throughput_per_s": 40.0}, {"clients": 64, "throughput_per_s": per_s}]
+    return {
+        "bare": {"resnet": loop(15.0, 70.0)},  # at the start of the run, when the machine was faster
+        "bare_near_resnet": [loop(21.0, 58.0), loop(20.0, 60.0)],
+        "systems": {"inferq": {"resnet": {"closed": closed}}},
+    }
+
+
+def test_the_saturation_and_one_client_rows_compare_with_the_faster_bare_loop_beside_them() -> None:
+    saturation, one_client = report.saturation_rows(_resnet(p50_ms=24.5, per_s=54.5))
+    assert saturation["holds"] and abs(saturation["value"] - 54.5 / 60.0) < 1e-9  # the better neighbour, 60 img/s
+    assert one_client["holds"] and abs(one_client["value"] - 4.5) < 1e-9  # 24.5 ms against 20 ms
+    assert "right before and after" in saturation["detail"]
+    saturation, one_client = report.saturation_rows(_resnet(p50_ms=25.5, per_s=53.0))
+    assert not saturation["holds"] and not one_client["holds"]
+
+
+def test_without_neighbours_the_rows_compare_with_the_bare_loop_at_the_start() -> None:
+    results = _resnet(p50_ms=19.0, per_s=64.0)
+    del results["bare_near_resnet"]
+    saturation, one_client = report.saturation_rows(results)
+    assert abs(saturation["value"] - 64.0 / 70.0) < 1e-9 and abs(one_client["value"] - 4.0) < 1e-9
+    assert "at the start of the run" in one_client["detail"]
