@@ -180,7 +180,7 @@ def test_rgb_conversion_and_per_channel_normalization(tmp_path: Path) -> None:
     torch.testing.assert_close(item[:, 0, 0], expected)
 
 
-def test_every_pixel_is_normalized_channel_first_and_the_upload_is_left_as_sent(tmp_path: Path) -> None:
+def test_every_pixel_is_normalized_per_channel_into_a_channel_first_float_tensor(tmp_path: Path) -> None:
     config = _config(
         tmp_path,
         input={"kind": "image", "mode": "RGB", "size": [5, 7], "mean": [0.2, 0.4, 0.6], "std": [0.3, 0.2, 0.1]},
