@@ -464,16 +464,13 @@ def markdown(results: dict[str, Any]) -> str:
             continue
         for point in system.get("resnet", {}).get("closed", []):
             lines.append(_row(name, point))
-    bare = results.get("bare", {}).get("resnet", {})
-    for point in bare.get("points", []):
-        lines.append(
-            f"| bare model | batch {point['batch']} | {point['items_per_s']:.1f} | "
-            f"{point['batch_ms']:.1f} | | | {point['batch']} | | |"
-        )
-    for when, loop in zip(("right before", "right after"), results.get("bare_near_resnet") or [], strict=False):
-        for point in loop["points"]:
+    loops = [("bare model", results.get("bare", {}).get("resnet", {}))]
+    near = ("bare model, right before inferq", "bare model, right after inferq")
+    loops += zip(near, results.get("bare_near_resnet") or [], strict=False)
+    for label, loop in loops:
+        for point in loop.get("points", []):
             lines.append(
-                f"| bare model, {when} inferq | batch {point['batch']} | {point['items_per_s']:.1f} | "
+                f"| {label} | batch {point['batch']} | {point['items_per_s']:.1f} | "
                 f"{point['batch_ms']:.1f} | | | {point['batch']} | | |"
             )
     vs = results.get("litserve", {})

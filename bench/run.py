@@ -303,6 +303,7 @@ class Bench:
             "point_seconds": self.point_s,
             "loadgen": self.tool,
         }
+        self.bare_s = 0.3 if args.quick else 1.5  # each bare loop's length
         # The generator's ceiling on /healthz, by (label, clients): measured next to every figure.
         self.ceilings: dict[str, dict[str, Any]] = {}
 
@@ -310,7 +311,7 @@ class Bench:
         self.redis.start()
         try:
             quick = self.args.quick
-            bare_time = 0.3 if quick else 1.5
+            bare_time = self.bare_s
             self.results["bare"] = {
                 "resnet": bare_model(self.models["resnet"], [1, 2, 4, RESNET_MAX_BATCH], bare_time),
                 "digits": bare_model(self.models["digits"], [1, 8, 64], bare_time),
@@ -529,15 +530,14 @@ class Bench:
             # over a run (on 2026-11-28 inferq's one-client p50 read 32.7 ms in this sweep and 23 ms seven minutes
             # later, against LitServe), so the saturation and one-client rows compare against the faster of these
             # two neighbours, not against a bare loop measured a quarter of an hour before.
-            bare_s = 0.3 if self.args.quick else 1.5
-            near = [bare_model(self.models["resnet"], [1, RESNET_MAX_BATCH], bare_s)]
+            near = [bare_model(self.models["resnet"], [1, RESNET_MAX_BATCH], self.bare_s)]
             for model in ("resnet", "digits", "noop"):
                 _, content_type = payloads_for(model, 1)
                 args = [base, f"/v1/models/{model}/jobs", content_type, "/v1/jobs/{id}"]
                 concurrency = CONCURRENCY if model == "resnet" else (1, 16, 64)
                 result[model] = {"closed": self._sweep("inferq", model, "submit_then_wait", args, concurrency, base)}
                 if model == "resnet":
-                    near.append(bare_model(self.models["resnet"], [1, RESNET_MAX_BATCH], bare_s))
+                    near.append(bare_model(self.models["resnet"], [1, RESNET_MAX_BATCH], self.bare_s))
             self.results["bare_near_resnet"] = near
             self._waiting_clients(base)
             best = self.results["bare"]["resnet"]["best_items_per_s"]
