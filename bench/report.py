@@ -483,6 +483,16 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
         lines += [vs_markdown(vs, vs.get("bare_per_s"))]
+        if vs.get("policies"):
+            from bench.vs_litserve import policies_markdown
+
+            lines += [
+                "",
+                "inferq's batch wait on the same CNN, the three policies side by side in the same alternated rounds"
+                " (the adaptive one is the default; the fixed wait is LitServe's batch_timeout):",
+                "",
+                policies_markdown(vs),
+            ]
     text = results.get("litserve_text", {})
     if text.get("points"):
         from bench.vs_litserve import markdown as vs_markdown

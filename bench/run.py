@@ -361,7 +361,15 @@ class Bench:
         rounds = 1 if self.args.quick else 2
         models = self.tmp / "models"
         vs = vs_litserve(
-            self.redis.url, models, "resnet", image_inputs(image), RESNET_MAX_BATCH, rounds, self.point_s, self.tmp
+            self.redis.url,
+            models,
+            "resnet",
+            image_inputs(image),
+            RESNET_MAX_BATCH,
+            rounds,
+            self.point_s,
+            self.tmp,
+            policies=True,  # inferq's batch waits side by side: adaptive, greedy, fixed (workers/fill.py)
         )
         vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
         vs["bare_channels_last_per_s"] = bare_model(self.models["resnet"], [RESNET_MAX_BATCH], 3.0, channels_last=True)[

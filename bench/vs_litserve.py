@@ -115,10 +115,19 @@ def _point(load: Callable[[str, int, float], LoadResult], url: str, clients: int
     return result
 
 
-def _inferq(procs: Processes, model: str, seconds: float, inputs: Inputs) -> dict[str, Any]:
+# inferq's fill-wait policies beside its default (adaptive), on the CNN: the worker's settings for each
+# (workers/fill.py). The fixed wait is LitServe's batch_timeout.
+POLICIES = {
+    "inferq": {},
+    "inferq greedy": {"INFERQ_BATCH_WAIT": "greedy"},
+    f"inferq fixed {BATCH_TIMEOUT_S * 1000:g} ms": {"INFERQ_MAX_WAIT_MS": f"{BATCH_TIMEOUT_S * 1000:g}"},
+}
+
+
+def _inferq(procs: Processes, model: str, seconds: float, inputs: Inputs, env: dict[str, str]) -> dict[str, Any]:
     port = free_port()
     procs.start("vs-inferq-api", "inferq", "--log-level", "WARNING", "api", "--port", str(port))
-    procs.start("vs-inferq-worker", "inferq", "--log-level", "WARNING", "worker", "--model", model)
+    procs.start("vs-inferq-worker", "inferq", "--log-level", "WARNING", "worker", "--model", model, env=env)
     base = f"http://127.0.0.1:{port}"
     return _measure(
         procs, f"{base}/readyz", f"{base}/v1/models/{model}/jobs", inputs.load("inferq"), seconds, lambda: _scrape(base)
@@ -186,19 +195,22 @@ def vs_litserve(
     rounds: int,
     seconds: float,
     logs: Path,
+    policies: bool = False,
 ) -> dict[str, Any]:
-    """Alternated rounds, inferq and LitServe on one model; each side's best round per client count."""
+    """Alternated rounds, inferq and LitServe on one model; each side's best round per client count. With
+    ``policies``, inferq's other fill-wait policies (``POLICIES``) run as sides of their own, in the same rounds."""
     procs = Processes(logs, {"INFERQ_REDIS_URL": redis_url, "INFERQ_MODELS_DIR": str(models_dir)})
-    best: dict[str, dict[int, dict[str, Any]]] = {"inferq": {}, "litserve": {}}
-    waste: dict[str, list[float]] = {"inferq": [], "litserve": []}
+    sides = ["inferq", "litserve", *(list(POLICIES)[1:] if policies else [])]
+    best: dict[str, dict[int, dict[str, Any]]] = {side: {} for side in sides}
+    waste: dict[str, list[float]] = {side: [] for side in sides}
     rows: list[dict[str, Any]] = []
-    order = ["inferq", "litserve", "litserve", "inferq"] * rounds
-    for side in order[: 2 * rounds]:
+    order = [*sides, *reversed(sides)] * rounds
+    for side in order[: len(sides) * rounds]:
         Redis.from_url(redis_url).flushall()
-        if side == "inferq":
-            measured = _inferq(procs, model, seconds, inputs)
-        else:
+        if side == "litserve":
             measured = _litserve(procs, models_dir / model, max_batch, seconds, inputs)
+        else:
+            measured = _inferq(procs, model, seconds, inputs, POLICIES[side])
         share = padding_waste(measured["counts"])
         if share is not None:
             waste[side].append(share)
@@ -217,6 +229,14 @@ def vs_litserve(
         }
         for c in CLIENTS
     ]
+    policy_table = [
+        {
+            "clients": c,
+            **{side: {"per_s": best[side][c]["images_per_s"], "p50_ms": best[side][c]["p50_ms"]} for side in POLICIES},
+        }
+        for c in CLIENTS
+        if policies
+    ]
     return {
         "model": model,
         "max_batch": max_batch,
@@ -224,8 +244,33 @@ def vs_litserve(
         "inputs": len(inputs.inferq),
         "padding_waste": {side: sum(v) / len(v) for side, v in waste.items() if v},
         "points": table,
+        "policies": policy_table,
         "rounds": rows,
     }
+
+
+def policies_markdown(result: dict[str, Any]) -> str:
+    """inferq's fill-wait policies side by side: what each served, and its p50."""
+    table = result.get("policies") or []
+    if not table:
+        return ""
+    names = list(POLICIES)
+    head = ["adaptive (the default)" if n == "inferq" else n.removeprefix("inferq ") for n in names]
+    lines = [
+        "| clients | "
+        + " | ".join(f"{h} img/s" for h in head)
+        + " | adaptive / greedy | adaptive / fixed | p50 (ms) |",
+        "|---|" + "---|" * (len(names) + 3),
+    ]
+    for row in table:
+        per_s = [row[n]["per_s"] for n in names]
+        p50 = " / ".join(f"{row[n]['p50_ms'] or 0:.0f}" for n in names)
+        lines.append(
+            f"| {row['clients']} | "
+            + " | ".join(f"{v:.1f}" for v in per_s)
+            + f" | {per_s[0] / max(per_s[1], 1e-9):.2f}× | {per_s[0] / max(per_s[2], 1e-9):.2f}× | {p50} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown(result: dict[str, Any], bare_per_s: float | None = None) -> str:
@@ -270,6 +315,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0, help="each load point's length")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--policies", action="store_true", help="also inferq greedy and with a fixed wait (the CNN)")
     args = parser.parse_args()
     tool = "wrk" if args.model == "langid" else "hey"
     if shutil.which(tool) is None:
@@ -289,7 +335,9 @@ def main() -> None:
     redis = RedisServer(tmp / "redis", appendonly=False)
     redis.start()
     try:
-        result = vs_litserve(redis.url, tmp / "models", args.model, inputs, max_batch, args.rounds, args.seconds, tmp)
+        result = vs_litserve(
+            redis.url, tmp / "models", args.model, inputs, max_batch, args.rounds, args.seconds, tmp, args.policies
+        )
     finally:
         redis.stop()
     result["bare_per_s"] = bare_per_s
@@ -297,6 +345,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     print(markdown(result, bare_per_s))
+    if result["policies"]:
+        print()
+        print(policies_markdown(result))
 
 
 if __name__ == "__main__":

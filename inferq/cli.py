@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--max-wait-ms", type=_max_wait_ms, help="wait up to this long from the first pop to fill a batch (0-60000)"
     )
+    worker.add_argument(
+        "--batch-wait",
+        choices=["adaptive", "greedy"],
+        help="wait for more jobs where it has paid (adaptive, the default) or never (greedy); --max-wait-ms above 0"
+        " waits a fixed time instead",
+    )
     worker.add_argument("--burst", action="store_true", help="quit when the queues are empty")
     worker.add_argument("--name", help="worker name (default: unique per process)")
 
@@ -264,6 +270,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         connection=connections.connect(url, max(settings.redis_timeout_s, BLOCK_SLICE_S + 1.5)),
         settings=settings,
         max_wait_ms=max_wait_ms,
+        batch_wait=args.batch_wait,
         name=args.name or _unique_name("+".join(names)),
     )
     worker.on_registered = _tell_supervisor_ready

@@ -197,8 +197,15 @@ class Settings(BaseSettings):
         default=0.0,
         ge=0,
         description="wait up to this long (from the worker's pop of the first job, on its own clock) to fill a"
-        " batch; 0 = never wait; at most `60000` (maintenance takes a job left popped but unstarted for over a"
-        " minute back)",
+        " batch, a fixed wait in place of `batch_wait`'s; 0 = `batch_wait` decides; at most `60000` (maintenance"
+        " takes a job left popped but unstarted for over a minute back)",
+    )
+    batch_wait: Literal["adaptive", "greedy"] = Field(
+        default="adaptive",
+        description="once a batch holds the jobs waiting, whether to wait for more: `adaptive` waits where it has"
+        " paid, learned per model from its batch-time curve and the arrivals the worker sees, never longer than a"
+        " batch's fixed cost; `greedy` never waits; a `max_wait_ms` above 0 sets a fixed wait instead"
+        " ([Operating](operating.md#batch-wait))",
     )
     worker_ttl_s: int = Field(default=30, ge=16, description="worker heartbeat TTL (heartbeats every third of it)")
     # Together they bound how long a killed worker's jobs wait: under a minute with these defaults.

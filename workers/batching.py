@@ -46,6 +46,7 @@ from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings
 from inferq.workers import traces
 from inferq.workers.cpu_threads import tuner_for
+from inferq.workers.fill import policy_for
 from inferq.workers.lanes import LanePolicy
 from inferq.workers.outage import Outage
 from inferq.workers.outcomes import chunk_outcome, outcome_of
@@ -63,6 +64,9 @@ from inferq.workers.running import (
 from inferq.workers.threads import Finisher, KeepAlive
 
 log = logging.getLogger(__name__)
+
+# While a batch waits to fill, it looks for more jobs this often.
+FILL_POLL_S = 0.001
 
 
 class BatchWorker(SimpleWorker):
@@ -82,6 +86,7 @@ class BatchWorker(SimpleWorker):
         connection: Redis,
         settings: Settings,
         max_wait_ms: float = 0.0,
+        batch_wait: str | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(
@@ -105,7 +110,11 @@ class BatchWorker(SimpleWorker):
         self.outage = Outage(f"worker {self.name}")
         self._finish_outage = Outage(f"worker {self.name} (storing results)")
         self.max_wait_ms = max_wait_ms
+        # How long a batch waits for more jobs once it holds what waits (workers/fill.py), per model.
+        wait_policy = batch_wait or settings.batch_wait
+        self.fill = {model: policy_for(wait_policy, max_wait_ms, model) for model in runners}
         self._running: tuple[list[Item], Queue] | None = None
+        self._batch_began: float | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
@@ -361,6 +370,7 @@ class BatchWorker(SimpleWorker):
         self._held = (queue, ready.job_ids if ready else [job.id])
         try:
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
+            self._batch_began = None if ready else time.perf_counter()  # the fill policy's batch-time curve
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except redis.exceptions.RedisError as exc:
             if not is_unavailable(exc):
@@ -419,6 +429,9 @@ class BatchWorker(SimpleWorker):
                 100 * report.padding_waste,
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
+        if self._batch_began is not None:
+            self.fill[keys.model_from_queue(queue.name)].ran(len(items), time.perf_counter() - self._batch_began)
+            self._batch_began = None
         ended_at = now()
         self._finisher.submit(lambda: self._store(runner, items, queue, ended_at, traced, report))
 
@@ -502,19 +515,33 @@ class BatchWorker(SimpleWorker):
                 time.sleep(self._finish_outage.saw(exc, "storing results"))
 
     def _collect(self, queue: Queue, first_id: str, max_batch: int) -> list[str]:
-        """The first job plus what is already waiting; with max_wait_ms, wait for more."""
-        # The worker's own clock, from the pop of the first job: enqueued_at is the API host's clock, and
-        # a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
-        deadline = time.monotonic() + self.max_wait_ms / 1000.0
+        """The first job plus what is already waiting; then, as the model's fill policy says, wait for more.
+
+        Every wait is on the worker's own clock, from the pop of the first job: enqueued_at is the API host's clock,
+        and a skewed one would stretch the wait (past a minute, RQ's cleanup would run the held jobs twice).
+        """
         qk = layout.queue_keys(queue.name)
         if keys.is_chunk(first_id):
             return [first_id]  # a bulk chunk holds up to max_batch items: a batch of its own
         job_ids = [first_id, *claims.pop(self.connection, qk, max_batch - 1)]
         self._held = (queue, job_ids)
-        while len(job_ids) < max_batch and time.monotonic() < deadline and not self._stop_requested:
-            time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
-            job_ids += claims.pop(self.connection, qk, max_batch - len(job_ids))
-            self._held = (queue, job_ids)
+        policy = self.fill[keys.model_from_queue(queue.name)]
+        wait = None if self.draining else policy.plan(len(job_ids), max_batch)
+        if wait is None:
+            return job_ids
+        began = time.monotonic()
+        arrivals: list[float] = []
+        while len(job_ids) < max_batch and not self._stop_requested:
+            left = began + wait.total_s - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(FILL_POLL_S, left))
+            more = claims.pop(self.connection, qk, max_batch - len(job_ids))
+            if more:
+                arrivals.append(time.monotonic() - began)
+                job_ids += more
+                self._held = (queue, job_ids)
+        policy.waited(arrivals, time.monotonic() - began)
         return job_ids
 
     def _start(self, queue: Queue, job_ids: list[str]) -> list[Item]:

@@ -150,6 +150,71 @@ def test_max_wait_is_measured_on_the_workers_clock_not_the_apis(
     assert loads < 200
 
 
+def _arrives_during_the_wait(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, late: list[str]
+) -> list[int]:
+    """A client's job arrives while the worker looks for more (its second pop in a batch): the arrival comes
+    from the pop itself, so the test does not depend on the clock. Returns the count of pops, kept up to date."""
+    pops = [0]
+    pop = claims.pop
+
+    def arriving(*args: object) -> object:
+        pops[0] += 1
+        if pops[0] == 2:
+            late.append(submit_echo(redis, settings, [9.0, 9.0]))
+        return pop(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(claims, "pop", arriving)
+    return pops
+
+
+def _learned_policy(worker: BatchWorker) -> None:
+    """The echo model's batch-time curve as if timed: 0.5 s of fixed cost per batch, so a wait would pay."""
+    policy = worker.fill["echo"]
+    for size in (1, 2, 3):
+        policy.ran(size, 0.5 + 0.01 * size)
+
+
+def test_the_adaptive_wait_takes_a_job_that_arrives_while_it_waits(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = submit_echo(redis, settings, [1.0, 1.0])
+    late: list[str] = []
+    pops = _arrives_during_the_wait(redis, settings, monkeypatch, late)
+    worker = BatchWorker({"echo": echo_runner(2)}, connection=redis, settings=settings, name="fill")
+    _learned_policy(worker)
+    worker.work(burst=True)
+    assert len(late) == 1
+    assert [get_job_view(redis, i)["batch_size"] for i in (first, late[0])] == [2, 2]
+    assert worker.batches_run == 1
+    assert pops[0] == 2  # the batch was full after the arrival: no more looks
+
+
+def test_a_greedy_worker_runs_what_waits_at_once(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = submit_echo(redis, settings, [1.0, 1.0])
+    late: list[str] = []
+    pops = _arrives_during_the_wait(redis, settings, monkeypatch, late)
+    worker = BatchWorker(
+        {"echo": echo_runner(2)}, connection=redis, settings=settings, name="greedy", batch_wait="greedy"
+    )
+    _learned_policy(worker)
+    worker.work(burst=True)
+    assert late == [] and pops[0] == 1  # one pop for what waited, then the batch ran
+    assert get_job_view(redis, first)["batch_size"] == 1
+
+
+def test_the_worker_times_its_batches_for_the_adaptive_wait(redis: redis_py.Redis, settings: Settings) -> None:
+    for i in range(10):
+        submit_echo(redis, settings, [i, i])
+    worker = BatchWorker({"echo": echo_runner(4)}, connection=redis, settings=settings, name="curve")
+    worker.work(burst=True)
+    curve = worker.fill["echo"].curve
+    assert curve.counts == {4: 2, 2: 1}
+    assert all(seconds > 0 for seconds in curve.seconds.values())
+
+
 def test_a_job_that_vanishes_before_its_batch_starts_is_skipped_not_recreated(
     redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -90,6 +90,29 @@ def test_the_litserve_row_holds_only_when_every_load_is_ahead_by_5_percent() -> 
     assert "| 64 | 44.0 | 40.0 | 1.10× |" in table and "at 64 clients inferq is 0.92× it" in table
 
 
+def test_the_batch_wait_policies_are_shown_side_by_side_under_the_cnn_table() -> None:
+    vs = _vs(1.1, 1.1, 1.1, 1.1)
+    policies = [
+        {
+            "clients": c,
+            "inferq": {"per_s": a, "p50_ms": 30.0},
+            "inferq greedy": {"per_s": g, "p50_ms": 35.0},
+            "inferq fixed 5 ms": {"per_s": f, "p50_ms": 36.0},
+        }
+        for c, a, g, f in ((1, 30.0, 30.0, 25.0), (4, 40.0, 32.0, 38.0), (16, 44.0, 44.0, 43.0), (64, 44.0, 43.0, 44.0))
+    ]
+    vs["litserve"]["policies"] = policies
+    table = report.markdown(
+        {"machine": {"platform": "p", "cpus": 2, "torch": "t", "device": "cpu"}, "point_seconds": 6, **vs}
+    )
+    assert "| clients | adaptive (the default) img/s | greedy img/s | fixed 5 ms img/s |" in table
+    assert "| 4 | 40.0 | 32.0 | 38.0 | 1.25× | 1.05× | 30 / 35 / 36 |" in table
+    del vs["litserve"]["policies"]
+    assert "greedy img/s" not in report.markdown(
+        {"machine": {"platform": "p", "cpus": 2, "torch": "t", "device": "cpu"}, "point_seconds": 6, **vs}
+    )
+
+
 def test_the_litserve_text_row_holds_at_saturation_from_1_3x_and_shows_both_padding_wastes() -> None:
     vs = _vs(1.1, 1.1, 1.1, 1.1)
     text = {**_vs(2.0, 1.5, 1.2, 1.25)["litserve"], "model": "langid", "inputs": 512}
