@@ -109,12 +109,10 @@ class BatchWorker(SimpleWorker):
         # finisher thread's own backoffs.
         self.outage = Outage(f"worker {self.name}")
         self._finish_outage = Outage(f"worker {self.name} (storing results)")
-        self.max_wait_ms = max_wait_ms
         # How long a batch waits for more jobs once it holds what waits (workers/fill.py), per model.
         wait_policy = batch_wait or settings.batch_wait
         self.fill = {model: policy_for(wait_policy, max_wait_ms, model) for model in runners}
         self._running: tuple[list[Item], Queue] | None = None
-        self._batch_began: float | None = None
         # Jobs popped into the intermediate list but not yet marked started: (queue, ids).
         self._held: tuple[Queue, list[str]] | None = None
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
@@ -370,7 +368,7 @@ class BatchWorker(SimpleWorker):
         self._held = (queue, ready.job_ids if ready else [job.id])
         try:
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
-            self._batch_began = None if ready else time.perf_counter()  # the fill policy's batch-time curve
+            began = None if ready else time.perf_counter()  # the fill policy's batch-time curve
             items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
         except redis.exceptions.RedisError as exc:
             if not is_unavailable(exc):
@@ -388,10 +386,19 @@ class BatchWorker(SimpleWorker):
         if adopted is not None:
             items, prepared = adopted
         if items:
-            self._run(runner, items, queue, prepared)
+            self._run(runner, items, queue, prepared, began)
         self.batches_run += 1
 
-    def _run(self, runner: ModelRunner, items: list[Item], queue: Queue, prepared: Prepared | None = None) -> None:
+    def _run(
+        self,
+        runner: ModelRunner,
+        items: list[Item],
+        queue: Queue,
+        prepared: Prepared | None = None,
+        began: float | None = None,
+    ) -> None:
+        """Run the batch and hand its finish to the finisher; ``began`` (perf_counter, before its start), where the
+        worker collected it itself, times it for the fill policy's batch-time curve."""
         self._running = (items, queue)
         self._beats.begin((layout.queue_keys(queue.name), _jobs_of(items)))
         timeout_s = max((item.job.timeout or 0 for item in items), default=0) or self.settings.job_timeout_s
@@ -429,9 +436,8 @@ class BatchWorker(SimpleWorker):
                 100 * report.padding_waste,
             )
         self._running = None  # from here on a forced stop must not requeue: results are being stored
-        if self._batch_began is not None:
-            self.fill[keys.model_from_queue(queue.name)].ran(len(items), time.perf_counter() - self._batch_began)
-            self._batch_began = None
+        if began is not None:
+            self.fill[keys.model_from_queue(queue.name)].ran(len(items), time.perf_counter() - began)
         ended_at = now()
         self._finisher.submit(lambda: self._store(runner, items, queue, ended_at, traced, report))
 

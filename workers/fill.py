@@ -123,11 +123,13 @@ class AdaptiveWait:
 
     def pays(self) -> bool | None:
         """Whether waits have saved more of the model's time than they left it idle (None: not known yet)."""
-        fixed, rate = self.fixed_cost_s(), self.hit_rate()
-        if fixed is None:
-            return None
+        fixed = self.fixed_cost_s()
+        return None if fixed is None else self._pays(fixed)
+
+    def _pays(self, fixed: float) -> bool:
+        rate = self.hit_rate()
         if rate is None:
-            return True
+            return True  # too few waits seen: they are tried
         return rate * fixed > sum(self.lengths) / len(self.lengths)
 
     def plan(self, held: int, max_batch: int) -> Wait | None:
@@ -137,7 +139,7 @@ class AdaptiveWait:
         fixed = self.fixed_cost_s()
         if fixed is None:
             return None  # the curve is not known: nothing says a wait would pay
-        pays = bool(self.pays())
+        pays = self._pays(fixed)
         if pays != self._said:
             self._said = pays
             self._tell(pays, fixed)
@@ -178,7 +180,17 @@ class AdaptiveWait:
         self.curve.add(size, seconds)
 
 
-class FixedWait:
+class _Unlearned:
+    """A policy that learns nothing: what the worker tells it is dropped."""
+
+    def waited(self, arrivals: list[float], seconds: float) -> None:
+        pass
+
+    def ran(self, size: int, seconds: float) -> None:
+        pass
+
+
+class FixedWait(_Unlearned):
     """``INFERQ_MAX_WAIT_MS``: always wait up to that long for a full batch."""
 
     def __init__(self, max_wait_s: float) -> None:
@@ -187,24 +199,12 @@ class FixedWait:
     def plan(self, held: int, max_batch: int) -> Wait | None:
         return self._wait if held < max_batch else None
 
-    def waited(self, arrivals: list[float], seconds: float) -> None:
-        pass
 
-    def ran(self, size: int, seconds: float) -> None:
-        pass
-
-
-class Greedy:
+class Greedy(_Unlearned):
     """Never wait."""
 
     def plan(self, held: int, max_batch: int) -> Wait | None:
         return None
-
-    def waited(self, arrivals: list[float], seconds: float) -> None:
-        pass
-
-    def ran(self, size: int, seconds: float) -> None:
-        pass
 
 
 Policy = AdaptiveWait | FixedWait | Greedy

@@ -150,58 +150,51 @@ def test_max_wait_is_measured_on_the_workers_clock_not_the_apis(
     assert loads < 200
 
 
-def _arrives_during_the_wait(
-    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, late: list[str]
-) -> list[int]:
-    """A client's job arrives while the worker looks for more (its second pop in a batch): the arrival comes
-    from the pop itself, so the test does not depend on the clock. Returns the count of pops, kept up to date."""
-    pops = [0]
+def _a_job_arrives_during_the_wait(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, batch_wait: str
+) -> tuple[str, list[str], int, BatchWorker]:
+    """One job waits; a client's job arrives while the worker looks for more (its second pop in a batch). The arrival
+    comes from the pop itself, so the test does not depend on the clock. The worker (max batch 2) has the echo
+    model's batch-time curve as if timed, 0.5 s of fixed cost per batch, so a wait would pay; it runs a burst.
+
+    Returns the first job, the late one (if it came), the worker's count of pops, and the worker."""
+    first = submit_echo(redis, settings, [1.0, 1.0])
+    late: list[str] = []
+    pops = 0
     pop = claims.pop
 
     def arriving(*args: object) -> object:
-        pops[0] += 1
-        if pops[0] == 2:
+        nonlocal pops
+        pops += 1
+        if pops == 2:
             late.append(submit_echo(redis, settings, [9.0, 9.0]))
         return pop(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(claims, "pop", arriving)
-    return pops
-
-
-def _learned_policy(worker: BatchWorker) -> None:
-    """The echo model's batch-time curve as if timed: 0.5 s of fixed cost per batch, so a wait would pay."""
-    policy = worker.fill["echo"]
+    worker = BatchWorker(
+        {"echo": echo_runner(2)}, connection=redis, settings=settings, name=batch_wait, batch_wait=batch_wait
+    )
     for size in (1, 2, 3):
-        policy.ran(size, 0.5 + 0.01 * size)
+        worker.fill["echo"].ran(size, 0.5 + 0.01 * size)
+    worker.work(burst=True)
+    return first, late, pops, worker
 
 
 def test_the_adaptive_wait_takes_a_job_that_arrives_while_it_waits(
     redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = submit_echo(redis, settings, [1.0, 1.0])
-    late: list[str] = []
-    pops = _arrives_during_the_wait(redis, settings, monkeypatch, late)
-    worker = BatchWorker({"echo": echo_runner(2)}, connection=redis, settings=settings, name="fill")
-    _learned_policy(worker)
-    worker.work(burst=True)
+    first, late, pops, worker = _a_job_arrives_during_the_wait(redis, settings, monkeypatch, "adaptive")
     assert len(late) == 1
     assert [get_job_view(redis, i)["batch_size"] for i in (first, late[0])] == [2, 2]
     assert worker.batches_run == 1
-    assert pops[0] == 2  # the batch was full after the arrival: no more looks
+    assert pops == 2  # the batch was full after the arrival: no more looks
 
 
 def test_a_greedy_worker_runs_what_waits_at_once(
     redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = submit_echo(redis, settings, [1.0, 1.0])
-    late: list[str] = []
-    pops = _arrives_during_the_wait(redis, settings, monkeypatch, late)
-    worker = BatchWorker(
-        {"echo": echo_runner(2)}, connection=redis, settings=settings, name="greedy", batch_wait="greedy"
-    )
-    _learned_policy(worker)
-    worker.work(burst=True)
-    assert late == [] and pops[0] == 1  # one pop for what waited, then the batch ran
+    first, late, pops, _ = _a_job_arrives_during_the_wait(redis, settings, monkeypatch, "greedy")
+    assert late == [] and pops == 1  # one pop for what waited, then the batch ran
     assert get_job_view(redis, first)["batch_size"] == 1
 
 
