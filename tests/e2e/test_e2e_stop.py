@@ -178,16 +178,28 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _scheduler_pid(client: redis_py.Redis, lock: str) -> int:
+    """The PID of the scheduler holding ``lock`` once it has registered; 0 before."""
+    owner = client.get(lock)
+    if owner is None:
+        return 0
+    return int(client.hget(f"rq:scheduler:{owner.decode()}", "pid") or 0)  # type: ignore[union-attr]
+
+
 def test_a_killed_stack_leaves_no_workers_or_scheduler_lock_behind_at_the_next_start(up: Up) -> None:
     up.start()
     client = redis_py.Redis.from_url(up.redis_url())
     lock = "rq:scheduler-lock:inferq.webhooks"
-    wait_until(lambda: client.exists(lock), 30, "the webhook scheduler's lock")
+    # The sender takes the lock before it forks its scheduler, which then registers itself: killed in between, the
+    # stack would leave a lock no hash explains (or a scheduler forked after the list of processes below).
+    wait_until(lambda: _scheduler_pid(client, lock), 30, "the webhook scheduler to take its lock and register")
     old_lock = client.get(lock)
+    scheduler_pid = _scheduler_pid(client, lock)
     client.close()
     # As a power cut or an OOM kill would: every process of the stack stops at once, nothing unregisters.
     assert up.proc is not None
     pids = _descendants(up.proc.pid)
+    assert scheduler_pid in pids
     assert len(pids) >= 5  # supervisor, redis, api, worker, webhooks (+ its scheduler)
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for pid in pids:
