@@ -235,7 +235,7 @@ def test_models_and_health(stack: Stack) -> None:
     assert [m["name"] for m in models] == ["digits", "digits-batch", "fragile", "slow"]
     digits = httpx.get(f"{stack.base}/v1/models/digits").json()
     assert digits["labels"] == [str(i) for i in range(10)]
-    assert digits["max_batch"] == 64 and digits["input"]["size"] == [8, 8]
+    assert digits["max_batch"] == 256 and digits["input"]["size"] == [8, 8]
     assert digits["queue"] == "inferq.digits" and isinstance(digits["queue_length"], int)
     assert digits["workers"] == 1
     assert httpx.get(f"{stack.base}/healthz").json() == {"status": "ok", "durability": "async"}

@@ -252,7 +252,7 @@ def test_cli_submit_and_models_talk_to_the_api(stack: Stack, digits_heldout: tup
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert line["status"] == "finished" and line["result"]["label"] == digits_heldout[1][0]
     out = subprocess.run([*cli, "models", "--api", stack.base], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "digits" in out.stdout and "max_batch=64" in out.stdout
+    assert out.returncode == 0 and "digits" in out.stdout and "max_batch=256" in out.stdout
 
 
 def test_every_key_has_a_ttl_and_no_pickle_is_left(stack: Stack) -> None:

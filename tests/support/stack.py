@@ -77,8 +77,11 @@ class Stack:
         proc.wait(timeout=60)
         return self.logs[self.procs.index(proc)].read_text()
 
-    def wait_for_worker(self, model: str, timeout_s: float = 30) -> None:
-        """Until a worker listening on the model's queue has registered in Redis."""
+    def wait_for_worker(self, model: str, timeout_s: float = 120) -> None:
+        """Until a worker listening on the model's queue has registered in Redis.
+
+        A wait, not a bound: a worker of three models took 52 s to register on 2 busy cores (torch's import, each
+        model's load and warm-up), so the default leaves room; a healthy start returns in seconds."""
         client = self.redis()
         try:
             wait_until(
