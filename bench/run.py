@@ -366,7 +366,9 @@ class Bench:
             "resnet",
             image_inputs(image),
             RESNET_MAX_BATCH,
-            rounds,
+            # A third round for the CNN: its sides run the model near its limit, within a few percent of each other,
+            # and this host's speed moves by a third within minutes; the best of three meets each side at its best.
+            1 if self.args.quick else 3,
             self.point_s,
             self.tmp,
             policies=True,  # inferq's batch waits side by side: adaptive, greedy, fixed (workers/fill.py)
