@@ -358,7 +358,9 @@ class Bench:
             }
             return
         image = payloads_for("resnet", 1)[0][0]
-        rounds = 1 if self.args.quick else 2
+        # A third round for the CNN: its sides run the model near its limit, within a few percent of each other,
+        # and this host's speed moves by a third within minutes; the best of three meets each side at its best.
+        cnn_rounds, text_rounds = (1, 1) if self.args.quick else (3, 2)
         models = self.tmp / "models"
         vs = vs_litserve(
             self.redis.url,
@@ -366,9 +368,7 @@ class Bench:
             "resnet",
             image_inputs(image),
             RESNET_MAX_BATCH,
-            # A third round for the CNN: its sides run the model near its limit, within a few percent of each other,
-            # and this host's speed moves by a third within minutes; the best of three meets each side at its best.
-            1 if self.args.quick else 3,
+            cnn_rounds,
             self.point_s,
             self.tmp,
             policies=True,  # inferq's batch waits side by side: adaptive, greedy, fixed (workers/fill.py)
@@ -383,7 +383,7 @@ class Bench:
             return
         corpus = text_inputs(texts())
         self.results["litserve_text"] = vs_litserve(
-            self.redis.url, models, "langid", corpus, TEXT_MAX_BATCH, rounds, self.point_s, self.tmp
+            self.redis.url, models, "langid", corpus, TEXT_MAX_BATCH, text_rounds, self.point_s, self.tmp
         )
 
     def _env(self) -> dict[str, str]:

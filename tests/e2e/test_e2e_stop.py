@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import redis as redis_py
+from rq.scheduler import SCHEDULER_KEY_TEMPLATE
 
 from inferq.leftovers import process_alive
 from inferq.shared.redis_server import RedisServer, free_port
@@ -183,7 +184,7 @@ def _scheduler_pid(client: redis_py.Redis, lock: str) -> int:
     owner = client.get(lock)
     if owner is None:
         return 0
-    return int(client.hget(f"rq:scheduler:{owner.decode()}", "pid") or 0)  # type: ignore[union-attr]
+    return int(client.hget(SCHEDULER_KEY_TEMPLATE % owner.decode(), "pid") or 0)  # type: ignore[union-attr]
 
 
 def test_a_killed_stack_leaves_no_workers_or_scheduler_lock_behind_at_the_next_start(up: Up) -> None:
@@ -214,8 +215,7 @@ def test_a_killed_stack_leaves_no_workers_or_scheduler_lock_behind_at_the_next_s
             assert process_alive(int(client.hget(key, "pid") or 0), None), key
         # The new sender's scheduler holds the lock now, not the dead one (whose lock lasted a minute).
         wait_until(lambda: client.get(lock) not in (None, old_lock), 30, "the new scheduler to take the lock")
-        owner = client.hget(f"rq:scheduler:{client.get(lock).decode()}", "pid")  # type: ignore[union-attr]
-        assert process_alive(int(owner or 0), None)
+        assert process_alive(_scheduler_pid(client, lock), None)
     finally:
         client.close()
     assert "cleared what a run that did not stop left in Redis: workers slow." in up.log()
