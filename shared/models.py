@@ -114,6 +114,10 @@ class ModelConfig(BaseModel):
     # An image model's layout: "auto" times both at the batch ceiling on the CPU and keeps the faster
     # (workers/running.py choose_layout).
     memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
+    # An exported graph on the CPU: batch norms folded into their convolutions and convolutions run with their ReLU
+    # as one oneDNN call. "auto" times both at the batch ceiling and keeps the faster; "on" keeps the rewrite
+    # whenever its outputs match (workers/running.py choose_fusion).
+    fuse: Literal["auto", "on", "off"] = "auto"
     input: Input
     labels: list[str] | None = None
     top_k: int = Field(default=5, ge=1)

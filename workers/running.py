@@ -20,6 +20,7 @@ import torch
 from inferq.shared.errors import AppError, ConfigError
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.models import ModelConfig, weights_sha256
+from inferq.workers import fusion
 from inferq.workers.collation import CountMismatch, record_stream, signature
 from inferq.workers.cpu_threads import ThreadTuner
 from inferq.workers.handlers import Handler, load_handler
@@ -51,6 +52,8 @@ class ModelRunner:
     tuner: ThreadTuner | None = None
     # The model runs channels-last (an image model whose forwards were faster so: ``choose_layout``).
     channels_last: bool = False
+    # What ``choose_fusion`` rewrote in the model's graph ("" when it runs as loaded).
+    fused: str = ""
     # A sequence model's forward time against its padded positions, which the plan's cuts weigh (``partition``).
     forward_cost: ForwardCost = field(default_factory=lambda: ForwardCost())
 
@@ -402,7 +405,80 @@ def load_runner(
     return runner
 
 
-LAYOUT_MARGIN = 0.05  # channels-last is kept only when its forwards are this much faster
+LAYOUT_MARGIN = 0.05  # a layout or graph other than the loaded one is kept only when its forwards are this much faster
+TIMED_ROUNDS = 3  # alternated rounds of the candidates' forwards; each one's best counts
+
+
+@dataclass
+class _Candidate:
+    """One way to run the model: its module (as loaded or rewritten) in one memory layout."""
+
+    module: torch.nn.Module
+    channels_last: bool
+    fused: str = ""  # what was rewritten (workers.fusion), "" as loaded
+
+    def describe(self) -> str:
+        return ("channels-last" if self.channels_last else "contiguous") + (", fused" if self.fused else "")
+
+
+def choose_layout(runner: ModelRunner) -> None:
+    """The model in its fastest form on this machine: memory layout, and (an exported graph) fused or as loaded.
+
+    - Layout, an image model (a batch that is one 4-D float tensor, an ``nn.Module``): oneDNN's CPU convolutions
+      run channels-last without the reorders a contiguous (NCHW) tensor costs: a ResNet-18-sized model's batch of 8
+      ran 82 against 100 ms on 2 cores. ``memory_format``: ``auto`` tries both on the CPU (on a GPU it leaves the
+      layout alone), ``channels_last`` forces it, ``contiguous`` keeps the layout as loaded.
+    - Fusion, a ``torch.export`` module on the CPU: batch norms folded into their convolutions and convolutions run
+      with their ReLU as one oneDNN call (``workers.fusion``; the same CNN at batch 8, channels-last: 155 -> 134 ms).
+      The rewrite is exact up to float rounding and checked: its outputs on a batch at the ceiling must match the
+      loaded graph's, or it is dropped. ``fuse``: ``auto`` tries it (float32 models), ``on`` keeps it whenever it
+      checks out, ``off`` leaves the graph alone.
+
+    With more than one candidate, each runs a batch at the ceiling in ``TIMED_ROUNDS`` alternated rounds (after one
+    to warm each; the best counts, so a burst of someone else's work lands on one round, not on one candidate), and
+    the fastest is kept when it is ``LAYOUT_MARGIN`` faster than the model as loaded.
+    """
+    config, handler = runner.config, runner.handler
+    model = getattr(handler, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return
+    example = handler.warmup_payload()
+    if example is None:
+        return
+    try:
+        with torch.inference_mode():
+            batch = handler.collate([handler.preprocess(*example)] * runner.max_batch)
+    except Exception as exc:  # its jobs will say why
+        log.info("model %s: runs as loaded (its example batch failed: %s)", config.name, readable(exc))
+        return
+    image = isinstance(batch, torch.Tensor) and batch.dim() == 4 and batch.is_floating_point()
+    layouts = [False]
+    if image and config.memory_format == "channels_last":
+        layouts = [True]
+    elif image and config.memory_format == "auto" and runner.device.type == "cpu":
+        layouts = [False, True]
+    candidates = [_Candidate(model, channels_last) for channels_last in layouts]
+    rewritten = _fused(runner, model, batch)
+    if rewritten is not None:
+        fused_ones = [_Candidate(rewritten.module, c, rewritten.describe()) for c in layouts]
+        candidates = fused_ones if config.fuse == "on" else [*candidates, *fused_ones]
+    try:
+        chosen, timings = _fastest(handler, candidates, batch)
+    except Exception as exc:  # a model that cannot run channels-last keeps its layout
+        log.info("model %s: runs as loaded (%s failed: %s)", config.name, "a candidate form", readable(exc))
+        chosen, timings = candidates[0], []
+        if rewritten is not None and config.fuse == "on":
+            chosen = _Candidate(rewritten.module, False, rewritten.describe())
+    _lay_out(chosen.module, torch.channels_last if chosen.channels_last else torch.contiguous_format)
+    handler.model = chosen.module
+    runner.channels_last, runner.fused = chosen.channels_last, chosen.fused
+    if chosen.fused:
+        log.info("model %s: %s", config.name, chosen.fused)
+    if timings:
+        shown = ", ".join(f"{c.describe()} {ms:.1f} ms" for c, ms in timings)
+        log.info("model %s runs %s (batch %d: %s)", config.name, chosen.describe(), runner.max_batch, shown)
+    elif chosen.channels_last or chosen.fused:
+        log.info("model %s runs %s", config.name, chosen.describe())
 
 
 def laid_out(runner: ModelRunner, batch: Any) -> Any:
@@ -412,73 +488,61 @@ def laid_out(runner: ModelRunner, batch: Any) -> Any:
     return batch
 
 
-def choose_layout(runner: ModelRunner) -> None:
-    """An image model (a batch that is one 4-D float tensor, an ``nn.Module``) in the faster memory layout.
-
-    oneDNN's CPU convolutions run channels-last without the reorders a contiguous (NCHW) tensor costs: a
-    ResNet-18-sized model's batch of 8 ran 82 against 100 ms on 2 cores. Not every model gains, so ``auto`` times
-    a batch at the ceiling both ways (the better of two runs, after one to warm each) and keeps channels-last only
-    when it is ``LAYOUT_MARGIN`` faster; on a GPU ``auto`` leaves the layout alone. ``channels_last`` in the config
-    forces it, ``contiguous`` keeps the layout as loaded.
-    """
-    config, handler = runner.config, runner.handler
-    wanted = config.memory_format
-    model = getattr(handler, "model", None)
-    if wanted == "contiguous" or not isinstance(model, torch.nn.Module):
-        return
-    if wanted == "auto" and runner.device.type != "cpu":
-        return
-    example = handler.warmup_payload()
-    if example is None:
-        return
-    try:
-        with torch.inference_mode():
-            batch = handler.collate([handler.preprocess(*example)] * runner.max_batch)
-        if not (isinstance(batch, torch.Tensor) and batch.dim() == 4 and batch.is_floating_point()):
-            return
-        plain = _forward_s(handler, batch) if wanted == "auto" else math.inf
-        _lay_out(model, torch.channels_last)
-        fast = _forward_s(handler, batch.contiguous(memory_format=torch.channels_last))
-    except Exception as exc:  # a model that cannot run channels-last keeps its layout
-        log.info("model %s: stays in its layout (channels-last failed: %s)", config.name, readable(exc))
-        _lay_out(model, torch.contiguous_format)
-        return
-    if fast > plain * (1 - LAYOUT_MARGIN):
-        _lay_out(model, torch.contiguous_format)
-        log.info(
-            "model %s: stays contiguous (batch %d: %.1f ms, channels-last %.1f ms)",
-            config.name,
-            runner.max_batch,
-            plain * 1000,
-            fast * 1000,
-        )
-        return
-    runner.channels_last = True
-    shown = f"{plain * 1000:.1f} ms contiguous, " if plain < math.inf else ""
-    log.info(
-        "model %s runs channels-last (batch %d: %s%.1f ms channels-last)",
-        config.name,
-        runner.max_batch,
-        shown,
-        fast * 1000,
-    )
-
-
 def _lay_out(model: torch.nn.Module, layout: torch.memory_format) -> None:
     """Convert a module's 4-D weights (Module.to takes ``memory_format``; its type hints leave it out)."""
     model.to(memory_format=layout)  # type: ignore[call-overload]
 
 
-def _forward_s(handler: Handler, batch: torch.Tensor) -> float:
-    """The better of two timed forwards, after one to warm up."""
-    best = math.inf
+def _fused(runner: ModelRunner, model: torch.nn.Module, batch: Any) -> fusion.Fused | None:
+    """The model's graph rewritten by ``workers.fusion``, when its config and device allow it and its outputs on
+    ``batch`` match the loaded graph's; else None."""
+    config, handler = runner.config, runner.handler
+    if config.fuse == "off" or runner.device.type != "cpu" or not isinstance(model, torch.fx.GraphModule):
+        return None
+    if config.fuse == "auto" and config.dtype != "float32":
+        return None
+    try:
+        with torch.inference_mode():
+            rewritten = fusion.fused(model)
+            if rewritten is None:
+                return None
+            expected = handler.predict(batch)
+            handler.model = rewritten.module
+            torch.testing.assert_close(handler.predict(batch), expected, rtol=1e-3, atol=1e-3)
+    except Exception as exc:  # a graph the rewrite cannot run, or whose outputs moved
+        log.warning(
+            "model %s: its graph stays as loaded (the fused one failed its check: %s)", config.name, readable(exc)
+        )
+        return None
+    finally:
+        handler.model = model
+    return rewritten
+
+
+def _fastest(
+    handler: Handler, candidates: list[_Candidate], batch: torch.Tensor
+) -> tuple[_Candidate, list[tuple[_Candidate, float]]]:
+    """The candidate to keep, and each one's best forward in ms; untimed when there is one."""
+    if len(candidates) == 1:
+        return candidates[0], []
+    best = {id(c): math.inf for c in candidates}
     with torch.inference_mode():
-        for attempt in range(3):
-            began = time.perf_counter()
-            handler.predict(batch)
-            if attempt:
-                best = min(best, time.perf_counter() - began)
-    return best
+        for attempt in range(TIMED_ROUNDS + 1):  # the first round warms each candidate
+            for candidate in candidates:
+                layout = torch.channels_last if candidate.channels_last else torch.contiguous_format
+                _lay_out(candidate.module, layout)
+                handler.model = candidate.module
+                laid = batch.contiguous(memory_format=layout) if candidate.channels_last else batch
+                began = time.perf_counter()
+                handler.predict(laid)
+                if attempt:
+                    best[id(candidate)] = min(best[id(candidate)], time.perf_counter() - began)
+    timings = [(c, best[id(c)] * 1000) for c in candidates]
+    loaded = candidates[0]
+    fastest = min(candidates, key=lambda c: best[id(c)])
+    if best[id(fastest)] > best[id(loaded)] * (1 - LAYOUT_MARGIN):
+        return loaded, timings
+    return fastest, timings
 
 
 def check_batch_axis(runner: ModelRunner) -> None:
