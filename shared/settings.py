@@ -260,8 +260,9 @@ class Settings(BaseSettings):
     cpu_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         default="auto",
         description="the threads a CPU worker's forwards use: a number, or `auto`, which measures the forwards at"
-        " each count up to the cores the worker may use and keeps the fastest, measuring again every 30 s (a"
-        " worker with a CUDA model leaves torch's default) ([Operating](operating.md#cpu-threads))",
+        " each count up to the cores the worker may use and keeps the fastest, measuring again after 30 s, up to"
+        " 8 min while each measure confirms it clearly (a worker with a CUDA model leaves torch's default)"
+        " ([Operating](operating.md#cpu-threads))",
     )
     overlap: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -11,7 +11,9 @@ right for both, nor for one model under every load.
 use) in turn until each has run ``MIN_BATCHES`` forwards and ``WINDOW_S`` of forward time; it keeps the count whose
 forwards cost the least time per item, and after ``EXPLOIT_S`` measures that count and its neighbours again, since
 the load changes. A candidate replaces the one in use only when it is
-``MARGIN`` cheaper, so noise does not flip it. A worker serving several models judges by the model that ran the
+``MARGIN`` cheaper, so noise does not flip it. Measuring costs the forwards run at the worse counts (a ResNet-sized
+convolution runs half as fast on one thread as on two): a choice that each measure confirms by ``CLEAR`` stands
+twice as long before the next, up to ``MAX_EXPLOIT_S``; a closer call or a change starts again at ``EXPLOIT_S``. A worker serving several models judges by the model that ran the
 most items in the window. A worker with a CUDA model leaves torch's default alone (the forwards run on the GPU).
 
 Written here rather than taken from a library: no maintained package tunes torch's intra-op threads online.
@@ -31,8 +33,10 @@ log = logging.getLogger("inferq.workers.cpu_threads")
 
 MIN_BATCHES = 3  # each count is measured on at least this many forwards...
 WINDOW_S = 0.5  # ...and at least this much forward time
-EXPLOIT_S = 30.0  # how long a choice stands before it and its neighbours are measured again
+EXPLOIT_S = 30.0  # how long a choice stands before it and its neighbours are measured again...
+MAX_EXPLOIT_S = 480.0  # ...doubling up to this while every measure confirms it clearly
 MARGIN = 0.05  # a candidate must cost this much less per item than the count in use to replace it
+CLEAR = 0.25  # a choice whose neighbours all cost this much more per item is clear: the next measure waits longer
 
 
 def usable_cores() -> int:
@@ -96,6 +100,7 @@ class ThreadTuner:
         self.trying: list[int] = [] if fixed or len(self.options) == 1 else self._round(self.chosen)
         self.turns: dict[str, int] = {}
         self.settled_at = clock()
+        self.exploit_s = EXPLOIT_S  # how long the current choice stands before it is measured again
 
     @property
     def tuning(self) -> bool:
@@ -104,7 +109,7 @@ class ThreadTuner:
     def before(self, model: str) -> None:
         """Set the thread count the next forward (of ``model``) runs with."""
         stood_s = self.clock() - self.settled_at
-        if not self.trying and self.fixed is None and len(self.options) > 1 and stood_s >= EXPLOIT_S:
+        if not self.trying and self.fixed is None and len(self.options) > 1 and stood_s >= self.exploit_s:
             self.trying, self.tallies = self._round(self.chosen), {}
         if self.trying:
             # Each model takes the counts in turn: two models served alternately still meet every count.
@@ -146,6 +151,12 @@ class ThreadTuner:
         previous = self.chosen
         if previous not in costs or costs[best] < costs[previous] * (1 - MARGIN):
             self.chosen = best
+        others = [cost for count, cost in costs.items() if count != self.chosen]
+        clear = self.chosen == previous and self.chosen in costs and bool(others)
+        if clear and min(others) >= costs[self.chosen] * (1 + CLEAR):
+            self.exploit_s = min(self.exploit_s * 2, MAX_EXPLOIT_S)
+        else:
+            self.exploit_s = EXPLOIT_S
         self.settled_at = self.clock()
         shown = ", ".join(f"{count}: {costs[count] * 1000:.2f} ms" for count in sorted(costs))
         level = logging.INFO if self.chosen != previous else logging.DEBUG

@@ -80,6 +80,36 @@ def test_the_choice_is_measured_again_once_it_has_stood_a_while() -> None:
     assert tuner.chosen == 1
 
 
+def test_a_clear_choice_is_measured_less_and_less_often_and_a_change_measures_often_again() -> None:
+    """Measuring runs forwards at the worse counts: a choice each measure confirms clearly waits twice as long."""
+    tuner, clock, _ = make(2)
+    scaling = {1: 22.8e-3, 2: 13.3e-3}  # one thread costs 71 % more an item: clear
+    run(tuner, scaling, 40)
+    assert tuner.chosen == 2 and tuner.exploit_s == 2 * cpu_threads.EXPLOIT_S  # torch's default, confirmed clearly
+    waits = []
+    for _ in range(6):
+        clock.now += tuner.exploit_s
+        run(tuner, scaling, 40)
+        assert not tuner.tuning
+        waits.append(tuner.exploit_s)
+    assert waits == [120.0, 240.0, 480.0, 480.0, 480.0, 480.0]
+    clock.now += tuner.exploit_s - 1
+    assert run(tuner, scaling, 3) == [2, 2, 2]  # still standing
+    clock.now += 1
+    run(tuner, {1: 10e-3, 2: 13.3e-3}, 40)  # the load changed: one thread is cheaper now
+    assert tuner.chosen == 1 and tuner.exploit_s == cpu_threads.EXPLOIT_S
+
+
+def test_a_close_call_keeps_measuring_at_the_first_interval() -> None:
+    tuner, clock, _ = make(2)
+    close = {1: 1.1e-3, 2: 1.0e-3}  # one thread 10 % dearer: kept, but not clear
+    run(tuner, close, 400)
+    for _ in range(3):
+        clock.now += tuner.exploit_s
+        run(tuner, close, 400)
+        assert tuner.chosen == 2 and tuner.exploit_s == cpu_threads.EXPLOIT_S
+
+
 def test_the_model_with_most_items_decides() -> None:
     tuner, _, _ = make(2)
     for _ in range(200):  # served alternately: each still meets both counts
