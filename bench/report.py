@@ -18,7 +18,8 @@ TARGETS_DOC = {
     "gpu_saturation": "GPU: ResNet saturation >= 0.95x the bare model's best batch throughput",
     "gpu_idle": "GPU: one client p50 <= bare batch-1 time + 3 ms",
     "e2e_noop": "end to end, no-op model: >= 5x the plain-RQ peer",
-    "saturation": "ResNet at saturation: >= 0.9x the bare model at the worker's max batch",
+    "saturation": "ResNet at saturation (16 and 64 clients, one request per image, hey, as the LitServe rows):"
+    " >= 0.9x the bare model at the worker's max batch",
     "idle_latency": "one client: p50 <= bare batch-1 time + 5 ms",
     "keys": "after results expire, no job keys are left and every key the run added has a TTL",
     "bulk_drain": "bulk batch, no-op model, submit + drain per item: >= 3x cheaper than single jobs",
@@ -177,23 +178,41 @@ def bare_reference(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return bare["points"][0], bare["points"][-1], "the bare loop at the start of the run"
 
 
+def _saturation(results: dict[str, Any], inferq: dict[str, Any], at_max: dict[str, Any], source: str) -> Row:
+    """inferq's ResNet at saturation against the bare model as given, as issue 31 measured it: the hey rounds of the
+    LitServe comparison (one request per image, the generator in Go) against the bare loops right before and after
+    them; the ratio to the loop of the model as the worker runs it (layout, fused graph) in the detail. Without those
+    rounds, the closed loop of the asyncio generator, which takes CPU from the model on a small machine."""
+    vs = results.get("litserve") or {}
+    saturated = [p for p in vs.get("points", []) if p["clients"] >= 16]
+    if saturated and vs.get("bare_per_s"):
+        top = max(saturated, key=lambda p: p["inferq_per_s"])
+        given, worker = vs["bare_per_s"], vs.get("bare_worker_per_s") or 0.0
+        detail = (
+            f"{top['inferq_per_s']:.1f} img/s at c={top['clients']} (hey) vs the bare model as given {given:.1f} img/s"
+            f" at batch {vs['max_batch']}; against the bare loop of the model as the worker runs it"
+            f" ({vs.get('bare_worker_form', '')}, {worker:.1f} img/s): {top['inferq_per_s'] / max(worker, 1e-9):.2f}x;"
+            " each bare figure the faster of the loops right before and after the rounds"
+        )
+        return _target("saturation", top["inferq_per_s"] / given, 0.9, detail)
+    ours = _best(inferq["resnet"]["closed"])
+    return _target(
+        "saturation",
+        ours["throughput_per_s"] / at_max["items_per_s"],
+        0.9,
+        f"{ours['throughput_per_s']:.1f} vs {at_max['items_per_s']:.1f} img/s (bare at batch {at_max['batch']}, "
+        f"{source}; the asyncio closed loop: no LitServe rounds in this run)",
+        bool(ours.get("limited_by_generator")),
+    )
+
+
 def saturation_rows(results: dict[str, Any]) -> list[Row]:
     reference = bare_reference(results)
     inferq = results.get("systems", {}).get("inferq", {})
     if reference is None or "resnet" not in inferq:
         return []
     bare_one, at_max, source = reference
-    ours = _best(inferq["resnet"]["closed"])
-    out = [
-        _target(
-            "saturation",
-            ours["throughput_per_s"] / at_max["items_per_s"],
-            0.9,
-            f"{ours['throughput_per_s']:.1f} vs {at_max['items_per_s']:.1f} img/s (bare at batch {at_max['batch']}, "
-            f"{source})",
-            bool(ours.get("limited_by_generator")),
-        )
-    ]
+    out = [_saturation(results, inferq, at_max, source)]
     one = inferq["resnet"]["closed"][0]
     overhead = (one["p50_ms"] or 0) - bare_one["batch_ms"]
     out.append(

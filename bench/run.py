@@ -45,7 +45,7 @@ from inferq.shared.rqjson import JSONQueue
 from inferq.shared.settings import Settings
 from inferq.workers.batching import BatchWorker
 from inferq.workers.handlers import load_handler
-from inferq.workers.running import ModelRunner
+from inferq.workers.running import laid_out, load_runner
 
 log = logging.getLogger("bench")
 RESNET_MAX_BATCH = 8
@@ -93,23 +93,27 @@ def payloads_for(model: str, count: int = 32) -> tuple[list[bytes], str]:
 
 
 def bare_model(
-    model_dir: Path, batch_sizes: list[int], min_time_s: float, device: str = "cpu", channels_last: bool = False
+    model_dir: Path, batch_sizes: list[int], min_time_s: float, device: str = "cpu", as_worker: bool = False
 ) -> dict[str, Any]:
-    """A tight model(batch) loop on prepared inputs: the physical limit of the model as given (``channels_last``:
-    of the model and its batches converted to the layout inferq's worker may choose, workers/running.py)."""
+    """A tight model(batch) loop on prepared inputs: the physical limit of the model as given (``as_worker``: of the
+    model in the form inferq's worker chooses at load, its layout and fused graph, workers/running.py)."""
     config = load_model_config(model_dir)
-    handler = load_handler(config, torch.device(device))
-    handler.load()
-    if channels_last:
-        handler.model.to(memory_format=torch.channels_last)
+    form = "as given"
+    if as_worker:
+        runner = load_runner(config, torch.device(device), max(batch_sizes))
+        handler = runner.handler
+        form = ("channels-last" if runner.channels_last else "contiguous") + (", fused" if runner.fused else "")
+    else:
+        handler = load_handler(config, torch.device(device))
+        handler.load()
     payloads, content_type = payloads_for(model_dir.name, 8)
     item = handler.preprocess(payloads[0], content_type)
     points = []
     for size in batch_sizes:
         with torch.inference_mode():
             batch = handler.collate([item] * size)
-            if channels_last:
-                batch = batch.contiguous(memory_format=torch.channels_last)
+            if as_worker:
+                batch = laid_out(runner, batch)
             handler.predict(batch)  # warm-up
             _sync(device)
             runs, started = 0, time.perf_counter()
@@ -118,8 +122,21 @@ def bare_model(
                 runs += 1
         per_batch_s = (time.perf_counter() - started) / runs
         points.append({"batch": size, "batch_ms": per_batch_s * 1000, "items_per_s": size / per_batch_s})
-        log.info("bare %s on %s, batch %d: %.1f items/s", model_dir.name, device, size, size / per_batch_s)
-    return {"points": points, "best_items_per_s": max(p["items_per_s"] for p in points)}
+        log.info("bare %s (%s) on %s, batch %d: %.1f items/s", model_dir.name, form, device, size, size / per_batch_s)
+    return {"points": points, "best_items_per_s": max(p["items_per_s"] for p in points), "form": form}
+
+
+def bare_neighbours(model_dir: Path, before: dict[str, Any] | None, min_time_s: float) -> dict[str, Any]:
+    """The bare model at the max batch as given and as inferq's worker runs it, right before or after a comparison;
+    with ``before``, each figure is the faster of the two neighbours (a shared host's speed drifts over minutes)."""
+    given = bare_model(model_dir, [RESNET_MAX_BATCH], min_time_s)
+    worker = bare_model(model_dir, [RESNET_MAX_BATCH], min_time_s, as_worker=True)
+    out = {"bare_per_s": given["best_items_per_s"], "bare_worker_per_s": worker["best_items_per_s"]}
+    out["bare_worker_form"] = worker["form"]
+    if before:
+        out["bare_per_s"] = max(out["bare_per_s"], before["bare_per_s"])
+        out["bare_worker_per_s"] = max(out["bare_worker_per_s"], before["bare_worker_per_s"])
+    return out
 
 
 def _sync(device: str) -> None:
@@ -129,9 +146,8 @@ def _sync(device: str) -> None:
 
 def _worker(connection: Redis, settings: Settings, model_dir: Path, device: str, name: str) -> BatchWorker:
     config = load_model_config(model_dir)
-    handler = load_handler(config, torch.device(device))
-    handler.load()
-    runner = ModelRunner(config, handler, torch.device(device), config.max_batch)
+    # As `inferq worker` loads it: its batch-axis check, and its layout and graph timed at load.
+    runner = load_runner(config, torch.device(device), config.max_batch)
     return BatchWorker({config.name: runner}, connection=connection, settings=settings, name=name)
 
 
@@ -362,6 +378,7 @@ class Bench:
         # and this host's speed moves by a third within minutes; the best of three meets each side at its best.
         cnn_rounds, text_rounds = (1, 1) if self.args.quick else (3, 2)
         models = self.tmp / "models"
+        before = bare_neighbours(self.models["resnet"], None, self.bare_s)
         vs = vs_litserve(
             self.redis.url,
             models,
@@ -373,10 +390,7 @@ class Bench:
             self.tmp,
             policies=True,  # inferq's batch waits side by side: adaptive, greedy, fixed (workers/fill.py)
         )
-        vs["bare_per_s"] = self.results["bare"]["resnet"]["points"][-1]["items_per_s"]  # batch 8, this run
-        vs["bare_channels_last_per_s"] = bare_model(self.models["resnet"], [RESNET_MAX_BATCH], 3.0, channels_last=True)[
-            "best_items_per_s"
-        ]
+        vs.update(bare_neighbours(self.models["resnet"], before, self.bare_s))
         self.results["litserve"] = vs
         if not shutil.which("wrk"):
             self.results["litserve_text"] = {"unavailable": "needs wrk (a mix of texts; hey sends one body)"}

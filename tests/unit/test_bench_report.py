@@ -184,3 +184,28 @@ def test_without_neighbours_the_rows_compare_with_the_bare_loop_at_the_start() -
     saturation, one_client = report.saturation_rows(results)
     assert abs(saturation["value"] - 64.0 / 70.0) < 1e-9 and abs(one_client["value"] - 4.0) < 1e-9
     assert "at the start of the run" in one_client["detail"]
+
+
+def test_the_saturation_row_reads_the_hey_rounds_against_the_bare_model_as_given_when_they_ran() -> None:
+    """Issue 31 measured saturation with hey, one request per image; the asyncio closed loop takes CPU from the
+    model on a small machine. The ratio to the model as the worker runs it (fused, channels-last) is in the detail."""
+    results = _resnet(p50_ms=24.5, per_s=40.0)  # the closed loop's 40 img/s would miss against 60
+    results["litserve"] = {
+        "max_batch": 8,
+        "points": [
+            {"clients": 1, "inferq_per_s": 30.0},
+            {"clients": 4, "inferq_per_s": 58.0},  # below saturation: not read
+            {"clients": 16, "inferq_per_s": 50.0},
+            {"clients": 64, "inferq_per_s": 51.0},
+        ],
+        "bare_per_s": 46.0,
+        "bare_worker_per_s": 57.0,
+        "bare_worker_form": "channels-last, fused",
+    }
+    saturation, _ = report.saturation_rows(results)
+    assert saturation["holds"] and abs(saturation["value"] - 51.0 / 46.0) < 1e-9
+    assert "c=64 (hey)" in saturation["detail"] and "(channels-last, fused, 57.0 img/s): 0.89x" in saturation["detail"]
+    results["litserve"]["points"][2]["inferq_per_s"] = 41.0
+    results["litserve"]["points"][3]["inferq_per_s"] = 40.0
+    saturation, _ = report.saturation_rows(results)
+    assert not saturation["holds"] and abs(saturation["value"] - 41.0 / 46.0) < 1e-9  # the better of c=16 and 64
