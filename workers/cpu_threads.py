@@ -10,11 +10,12 @@ right for both, nor for one model under every load.
 ``auto`` measures instead. Its forwards take the candidate counts (1, 2, 4, ... up to the cores this process may
 use) in turn until each has run ``MIN_BATCHES`` forwards and ``WINDOW_S`` of forward time; it keeps the count whose
 forwards cost the least time per item, and after ``EXPLOIT_S`` measures that count and its neighbours again, since
-the load changes. A candidate replaces the one in use only when it is
-``MARGIN`` cheaper, so noise does not flip it. Measuring costs the forwards run at the worse counts (a ResNet-sized
-convolution runs half as fast on one thread as on two): a choice that each measure confirms by ``CLEAR`` stands
-twice as long before the next, up to ``MAX_EXPLOIT_S``; a closer call or a change starts again at ``EXPLOIT_S``. A worker serving several models judges by the model that ran the
-most items in the window. A worker with a CUDA model leaves torch's default alone (the forwards run on the GPU).
+the load changes. A candidate replaces the one in use only when it is ``MARGIN`` cheaper, so noise does not flip
+it. Measuring costs the forwards run at the worse counts (a ResNet-sized convolution runs half as fast on one thread
+as on two): a choice that each measure confirms by ``CLEAR`` stands twice as long before the next, up to
+``MAX_EXPLOIT_S``; a closer call or a change starts again at ``EXPLOIT_S``. A worker serving several models judges
+by the model that ran the most items in the window. A worker with a CUDA model leaves torch's default alone (the
+forwards run on the GPU).
 
 Written here rather than taken from a library: no maintained package tunes torch's intra-op threads online.
 """
