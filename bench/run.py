@@ -45,7 +45,7 @@ from inferq.shared.rqjson import JSONQueue
 from inferq.shared.settings import Settings
 from inferq.workers.batching import BatchWorker
 from inferq.workers.handlers import load_handler
-from inferq.workers.running import laid_out, load_runner
+from inferq.workers.running import form_name, laid_out, load_runner
 
 log = logging.getLogger("bench")
 RESNET_MAX_BATCH = 8
@@ -102,7 +102,7 @@ def bare_model(
     if as_worker:
         runner = load_runner(config, torch.device(device), max(batch_sizes))
         handler = runner.handler
-        form = ("channels-last" if runner.channels_last else "contiguous") + (", fused" if runner.fused else "")
+        form = form_name(runner.channels_last, runner.fused)
     else:
         handler = load_handler(config, torch.device(device))
         handler.load()

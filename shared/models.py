@@ -116,7 +116,7 @@ class ModelConfig(BaseModel):
     memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
     # An exported graph on the CPU: batch norms folded into their convolutions and convolutions run with their ReLU
     # as one oneDNN call. "auto" times both at the batch ceiling and keeps the faster; "on" keeps the rewrite
-    # whenever its outputs match (workers/running.py choose_fusion).
+    # whenever its outputs match (workers/running.py choose_layout).
     fuse: Literal["auto", "on", "off"] = "auto"
     input: Input
     labels: list[str] | None = None

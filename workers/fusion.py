@@ -1,4 +1,4 @@
-"""Exact rewrites of an exported graph for inference on the CPU, done once at load (workers/running.py choose_fusion).
+"""Exact rewrites of an exported graph for inference on the CPU, done once at load (workers/running.py choose_layout).
 
 A ``torch.export`` program's module is an FX graph of ATen ops that runs op by op. Two rewrites, both exact up to
 float rounding:

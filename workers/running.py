@@ -52,7 +52,7 @@ class ModelRunner:
     tuner: ThreadTuner | None = None
     # The model runs channels-last (an image model whose forwards were faster so: ``choose_layout``).
     channels_last: bool = False
-    # What ``choose_fusion`` rewrote in the model's graph ("" when it runs as loaded).
+    # What ``choose_layout`` kept rewritten in the model's graph (workers.fusion; "" when it runs as loaded).
     fused: str = ""
     # A sequence model's forward time against its padded positions, which the plan's cuts weigh (``partition``).
     forward_cost: ForwardCost = field(default_factory=lambda: ForwardCost())
@@ -418,7 +418,12 @@ class _Candidate:
     fused: str = ""  # what was rewritten (workers.fusion), "" as loaded
 
     def describe(self) -> str:
-        return ("channels-last" if self.channels_last else "contiguous") + (", fused" if self.fused else "")
+        return form_name(self.channels_last, self.fused)
+
+
+def form_name(channels_last: bool, fused: str) -> str:
+    """How a model runs, as logs and the benchmark name it: its layout, and whether its graph is fused."""
+    return ("channels-last" if channels_last else "contiguous") + (", fused" if fused else "")
 
 
 def choose_layout(runner: ModelRunner) -> None:
@@ -465,7 +470,7 @@ def choose_layout(runner: ModelRunner) -> None:
     try:
         chosen, timings = _fastest(handler, candidates, batch)
     except Exception as exc:  # a model that cannot run channels-last keeps its layout
-        log.info("model %s: runs as loaded (%s failed: %s)", config.name, "a candidate form", readable(exc))
+        log.info("model %s: runs as loaded (a candidate form failed: %s)", config.name, readable(exc))
         chosen, timings = candidates[0], []
         if rewritten is not None and config.fuse == "on":
             chosen = _Candidate(rewritten.module, False, rewritten.describe())
