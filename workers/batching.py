@@ -48,7 +48,7 @@ from inferq.workers import traces
 from inferq.workers.cpu_threads import tuner_for
 from inferq.workers.fill import policy_for
 from inferq.workers.lanes import LanePolicy
-from inferq.workers.outage import Outage
+from inferq.workers.outage import Outage, register_through
 from inferq.workers.outcomes import chunk_outcome, outcome_of
 from inferq.workers.prefetch import Prefetcher
 from inferq.workers.running import (
@@ -158,11 +158,10 @@ class BatchWorker(SimpleWorker):
         return connection
 
     def register_birth(self) -> None:
-        def birth() -> None:
-            super(BatchWorker, self).register_birth()
+        def queues() -> None:
             register_queues(self.connection, self.queue_names())  # rq info lists an empty bulk lane too
 
-        self.outage.wait(birth, "registering")
+        register_through(self.outage, self, super().register_birth, queues)
         if self.on_registered is not None:
             self.on_registered()
 

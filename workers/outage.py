@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -73,3 +73,25 @@ class Outage:
                 continue
             self.ok()
             return result
+
+
+def register_through(outage: Outage, worker: Any, birth: Callable[[], None], then: Callable[[], None]) -> None:
+    """RQ's ``register_birth`` (``birth``), then ``then``, tried until Redis takes both, each try's birth kept.
+
+    RQ refuses a name whose hash is there with no death: "There exists an active worker named ...". A try whose
+    reply was lost, or whose ``then`` met a busy Redis, has already written that hash, so trying the birth again
+    ended the process (a loaded CI run: a webhook sender's queue registration met a script). The name is this
+    process's own (its pid and a random suffix, or one an operator gave it, which RQ checks on the first try), so a
+    live hash under it after a try is that try's, and the retry goes on from ``then``.
+    """
+    tried = False
+
+    def once() -> None:
+        nonlocal tried
+        conn = worker.connection
+        if not (tried and conn.exists(worker.key) and not conn.hexists(worker.key, "death")):
+            tried = True
+            birth()
+        then()
+
+    outage.wait(once, "registering")

@@ -43,7 +43,7 @@ from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
 from inferq.workers import traces
-from inferq.workers.outage import Outage
+from inferq.workers.outage import Outage, register_through
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}
@@ -351,11 +351,10 @@ class WebhookWorker(SimpleWorker):
         return self.settings.heartbeat_ttl_s
 
     def register_birth(self) -> None:
-        def birth() -> None:
-            super(WebhookWorker, self).register_birth()
+        def queues() -> None:
             register_queues(self.connection, self.queue_names())  # rq info lists the sender before any webhook
 
-        self.outage.wait(birth, "registering")
+        register_through(self.outage, self, super().register_birth, queues)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:

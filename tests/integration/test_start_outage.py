@@ -143,3 +143,47 @@ def test_an_outage_right_after_the_worker_registers_is_waited_out_not_a_crash(
     worker.work(burst=True)
     assert len(calls) >= 2  # tried again (or, for its state, skipped and written by the next change)
     assert [get_job_view(redis, i)["status"] for i in ids] == ["finished"] * 3
+
+
+@pytest.mark.parametrize("lost", ["queue registration", "birth reply"])
+@pytest.mark.parametrize("kind", ["worker", "webhook sender"])
+def test_a_registration_whose_birth_went_through_is_not_taken_for_a_second_worker(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, lost: str, kind: str
+) -> None:
+    """A loaded CI run: the sender's birth was written, its queue registration met a script (BUSY), and trying the
+    whole registration again ended it with RQ's "There exists an active worker named ... already"."""
+    from inferq.workers import webhooks
+
+    module = batching if kind == "worker" else webhooks
+    calls: list[int] = []
+    if lost == "queue registration":
+        real_queues = module.register_queues
+
+        def busy_once(*args: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                raise redis_py.exceptions.ResponseError("BUSY Redis is busy running a script. You can only call ...")
+            return real_queues(*args)
+
+        monkeypatch.setattr(module, "register_queues", busy_once)
+    else:  # the birth's transaction ran; its reply never came
+        real_birth = SimpleWorker.register_birth
+
+        def lost_reply(self: Any) -> None:
+            calls.append(1)
+            real_birth(self)
+            if len(calls) == 1:
+                raise redis_py.exceptions.ConnectionError("Error while reading from redis: Connection reset by peer")
+
+        monkeypatch.setattr(SimpleWorker, "register_birth", lost_reply)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    if kind == "worker":
+        worker: Any = BatchWorker({"echo": echo_runner(max_batch=4)}, connection=redis, settings=settings, name="w")
+    else:
+        worker = webhooks.webhook_worker(redis, settings, name="w")
+    worker.register_birth()
+    # Tried again from where it was: the queues registered on a second call, the birth that went through kept.
+    assert len(calls) == (2 if lost == "queue registration" else 1)
+    assert redis.hget(worker.key, "queues") and not redis.hexists(worker.key, "death")
+    assert worker.key.encode() in redis.smembers("rq:workers")
+    worker.register_death()
