@@ -69,6 +69,15 @@ def test_norms_fold_into_their_convolutions_and_convolutions_fuse_with_their_rel
     assert targets.count(torch.ops.aten.batch_norm.default) == 2  # lone_bn's and b_bn's
     assert torch.ops.aten.conv2d.default not in targets
     assert targets.count(torch.ops.mkldnn._convolution_pointwise.default) == 3
+    # Each fused convolution reads its weight reordered once, in oneDNN's blocked format, and nothing else reads
+    # the plain one: the folded weights it was packed from are gone, the packed ones are no parameter or buffer.
+    assert rewritten.packed_weights == 3
+    module = rewritten.module
+    weights = [n.args[1] for n in module.graph.nodes if n.target is torch.ops.mkldnn._convolution_pointwise.default]
+    assert all(getattr(module, w.target).is_mkldnn for w in weights)
+    names = [name for name, _ in module.named_parameters()]
+    assert not [name for name in names if name.startswith("_inferq_folded_") and name.endswith("weight")]
+    assert not any(t.is_mkldnn for t in module.state_dict().values())
     x = torch.randn(4, 3, 16, 16)
     with torch.inference_mode():
         torch.testing.assert_close(rewritten.module(x), loaded(x), rtol=1e-4, atol=1e-5)
@@ -110,7 +119,7 @@ def test_the_worker_answers_as_the_model_does_fused_or_not(tmp_path: Path, fuse:
     (folder / "config.json").write_text(json.dumps({**config, "fuse": fuse}))
     runner = load_runner(load_model_config(folder), torch.device("cpu"), 8)
     if fuse == "on":
-        assert runner.fused == "0 batch norms folded, 1 convolutions fused"
+        assert runner.fused == "0 batch norms folded, 1 convolutions fused, 1 weights prepacked"
         assert isinstance(runner.handler.model, fx.GraphModule)
         assert torch.ops.mkldnn._convolution_pointwise.default in _targets(runner.handler.model)
     elif fuse == "off":
