@@ -107,12 +107,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry=tracing.fastapi_telemetry(),
     )
     if settings.cors_origins:
-        # Off unless configured: browsers then may call the API from these origins only.
+        # Off unless configured: browsers then may call the API from these origins only. Every method the API has
+        # (a rollout is a PUT and a DELETE), every request header it reads, and the response headers a page needs
+        # to read (where a job is, how long to wait before trying again, whether its wait was applied).
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "Prefer", "Idempotency-Key"],
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "Content-Encoding",
+                "Prefer",
+                "Idempotency-Key",
+                "traceparent",
+                "tracestate",
+            ],
+            expose_headers=["Location", "Retry-After", "Preference-Applied", "WWW-Authenticate"],
         )
     # Outermost: it sees every request's final status; it counts in memory (no Redis call per request).
     app.add_middleware(metrics_router.RequestMetrics, counts=request_counts)

@@ -152,7 +152,9 @@ class Settings(BaseSettings):
         " docs/tenants.md",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="comma-separated origins browsers may call from; unset: CORS off"
+        default_factory=list,
+        description="comma-separated origins browsers may call from (every route; a page may read Location, "
+        "Retry-After and Preference-Applied); unset: CORS off",
     )
     webhook_allow: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

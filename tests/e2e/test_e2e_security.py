@@ -208,6 +208,36 @@ def test_cors_is_off_unless_configured(secured: Stack, redis_url: str, tmp_path:
     assert "access-control-allow-origin" not in asyncio.run(ask("https://evil.example")).headers
 
 
+def test_cors_lets_a_page_use_every_route_and_read_the_headers_it_needs(redis_url: str) -> None:
+    """A rollout from a browser page (PUT, DELETE) was refused at its preflight, a traced request's header too, and
+    a page could not read a job's Location or a 503's Retry-After."""
+    app = create_app(Settings(redis_url=redis_url, cors_origins=["https://app.example"]))
+
+    async def preflight(path: str, method: str, headers: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
+            asked = {
+                "Origin": "https://app.example",
+                "Access-Control-Request-Method": method,
+                "Access-Control-Request-Headers": headers,
+            }
+            return await client.options(path, headers=asked)
+
+    for path, method in (("/v1/models/slow/rollout", "PUT"), ("/v1/models/slow/rollout", "DELETE")):
+        answer = asyncio.run(preflight(path, method, "authorization,content-type"))
+        assert answer.status_code == 200, (method, answer.text)
+    traced = asyncio.run(preflight("/v1/models/slow/jobs", "POST", "content-type,prefer,traceparent,tracestate"))
+    assert traced.status_code == 200, traced.text
+
+    async def answer() -> httpx.Response:  # any answer from a page's origin (no lifespan here: one with no route)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
+            return await client.get("/no-such-route", headers={"Origin": "https://app.example"})
+
+    exposed = {h.strip().lower() for h in asyncio.run(answer()).headers["access-control-expose-headers"].split(",")}
+    assert {"location", "retry-after", "preference-applied"} <= exposed
+
+
 def test_the_redis_password_never_appears_in_errors_or_logs(tmp_path: Path) -> None:
     stack = new_stack(tmp_path)
     stack.redis_server.stop()
