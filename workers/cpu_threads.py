@@ -89,11 +89,13 @@ class ThreadTuner:
         *,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] = torch.set_num_threads,
+        get_threads: Callable[[], int] = torch.get_num_threads,
     ) -> None:
         self.cores = max(1, cores)
         self.fixed = fixed
         self.clock = clock
         self.set_threads = set_threads
+        self.get_threads = get_threads
         self.options = candidates(self.cores)
         self.chosen = fixed or self.cores  # torch's own default until measured otherwise
         self.current = 0  # what torch was last told (0: nothing yet)
@@ -164,7 +166,10 @@ class ThreadTuner:
         log.log(level, "forwards run on %d thread(s); time per %s item by thread count: %s", self.chosen, model, shown)
 
     def _use(self, count: int) -> None:
-        if count != self.current:
+        # torch's count is the process's, not this tuner's: another worker in the process (the benchmark's, a
+        # test's) or a handler may have set it since. Trusting the last count set here ran a worker's forwards
+        # on the one thread another's measure had set, at half speed (make bench, three workers in one process).
+        if count != self.current or self.get_threads() != count:
             self.set_threads(count)
             self.current = count
 

@@ -30,7 +30,30 @@ def run(tuner: ThreadTuner, per_item_s: dict[int, float], batches: int, items: i
 
 def make(cores: int, fixed: int | None = None) -> tuple[ThreadTuner, Clock, list[int]]:
     clock, told = Clock(), []
-    return ThreadTuner(cores, fixed, clock=clock, set_threads=told.append), clock, told
+    tuner = ThreadTuner(cores, fixed, clock=clock, set_threads=told.append, get_threads=lambda: told[-1] if told else 0)
+    return tuner, clock, told
+
+
+def test_a_count_someone_else_changed_is_set_again_before_the_next_forward() -> None:
+    """torch's thread count is the process's: three workers in one process (make bench's overlap row) each trusted
+    the count it had set last, and one ran at the single thread another's measure had left, at half speed."""
+    clock, process = Clock(), [2]
+
+    def set_threads(count: int) -> None:
+        process[0] = count
+
+    a, b = (ThreadTuner(2, clock=clock, set_threads=set_threads, get_threads=lambda: process[0]) for _ in range(2))
+    for tuner in (a, b):
+        run(tuner, {1: 22.8e-3, 2: 13.3e-3}, 40)
+        assert tuner.chosen == 2 and not tuner.tuning
+    clock.now += a.exploit_s  # a measures again: its next forwards take one thread, then two...
+    b.settled_at = clock.now  # ...while b's choice still stands
+    a.before("m")
+    a.before("m")
+    a.before("m")
+    assert process[0] == 1
+    b.before("m")
+    assert process[0] == 2  # b's forward runs on b's count
 
 
 def test_the_candidates_are_powers_of_two_and_the_core_count() -> None:
