@@ -98,7 +98,7 @@ class ThreadTuner:
         self.get_threads = get_threads
         self.options = candidates(self.cores)
         self.chosen = fixed or self.cores  # torch's own default until measured otherwise
-        self.current = 0  # what torch was last told (0: nothing yet)
+        self.current = 0  # the count the last forward was set to run with (0: none yet)
         self.tallies: dict[int, _Tally] = {}
         self.trying: list[int] = [] if fixed or len(self.options) == 1 else self._round(self.chosen)
         self.turns: dict[str, int] = {}
@@ -167,11 +167,12 @@ class ThreadTuner:
 
     def _use(self, count: int) -> None:
         # torch's count is the process's, not this tuner's: another worker in the process (the benchmark's, a
-        # test's) or a handler may have set it since. Trusting the last count set here ran a worker's forwards
-        # on the one thread another's measure had set, at half speed (make bench, three workers in one process).
-        if count != self.current or self.get_threads() != count:
+        # test's) or a handler may have set it since, so it is read, not remembered. Trusting the last count set
+        # here ran a worker's forwards on the one thread another's measure had set, at half speed (make bench,
+        # three workers in one process).
+        if self.get_threads() != count:
             self.set_threads(count)
-            self.current = count
+        self.current = count
 
 
 def tuner_for(setting: int | str, cuda: bool) -> ThreadTuner | None:

@@ -70,7 +70,7 @@ def fused(module: fx.GraphModule) -> Fused | None:
     convolutions = fuse_convolutions(out) if onednn_convolutions() else 0
     if not folded and not convolutions:
         return None
-    packed = prepack_weights(out) if convolutions else 0
+    packed = prepack_weights(out)  # the convolutions fuse_convolutions made
     out.graph.eliminate_dead_code()
     out.delete_all_unused_submodules()
     used = {n.target for n in out.graph.nodes if n.op == "get_attr"}  # a folded weight now packed is read by none

@@ -199,13 +199,22 @@ def test_cors_is_off_unless_configured(secured: Stack, redis_url: str, tmp_path:
     settings = Settings(redis_url=redis_url, cors_origins=["https://app.example"])
     app = create_app(settings)  # preflights are answered by the middleware alone: no lifespan needed
 
-    async def ask(origin: str) -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
-            return await client.options("/v1/models/slow/jobs", headers={**preflight, "Origin": origin})
+    def ask(origin: str) -> httpx.Response:
+        return _in_process(app, "OPTIONS", "/v1/models/slow/jobs", {**preflight, "Origin": origin})
 
-    assert asyncio.run(ask("https://app.example")).headers["access-control-allow-origin"] == "https://app.example"
-    assert "access-control-allow-origin" not in asyncio.run(ask("https://evil.example")).headers
+    assert ask("https://app.example").headers["access-control-allow-origin"] == "https://app.example"
+    assert "access-control-allow-origin" not in ask("https://evil.example").headers
+
+
+def _in_process(app: object, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    """One request to ``app`` in this process (no lifespan: what the CORS middleware answers on its own)."""
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
+            return await client.request(method, path, headers=headers)
+
+    return asyncio.run(send())
 
 
 def test_cors_lets_a_page_use_every_route_and_read_the_headers_it_needs(redis_url: str) -> None:
@@ -213,28 +222,22 @@ def test_cors_lets_a_page_use_every_route_and_read_the_headers_it_needs(redis_ur
     a page could not read a job's Location or a 503's Retry-After."""
     app = create_app(Settings(redis_url=redis_url, cors_origins=["https://app.example"]))
 
-    async def preflight(path: str, method: str, headers: str) -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
-            asked = {
-                "Origin": "https://app.example",
-                "Access-Control-Request-Method": method,
-                "Access-Control-Request-Headers": headers,
-            }
-            return await client.options(path, headers=asked)
+    def preflight(path: str, method: str, headers: str) -> httpx.Response:
+        asked = {
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": headers,
+        }
+        return _in_process(app, "OPTIONS", path, asked)
 
     for path, method in (("/v1/models/slow/rollout", "PUT"), ("/v1/models/slow/rollout", "DELETE")):
-        answer = asyncio.run(preflight(path, method, "authorization,content-type"))
+        answer = preflight(path, method, "authorization,content-type")
         assert answer.status_code == 200, (method, answer.text)
-    traced = asyncio.run(preflight("/v1/models/slow/jobs", "POST", "content-type,prefer,traceparent,tracestate"))
+    traced = preflight("/v1/models/slow/jobs", "POST", "content-type,prefer,traceparent,tracestate")
     assert traced.status_code == 200, traced.text
-
-    async def answer() -> httpx.Response:  # any answer from a page's origin (no lifespan here: one with no route)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://inferq") as client:
-            return await client.get("/no-such-route", headers={"Origin": "https://app.example"})
-
-    exposed = {h.strip().lower() for h in asyncio.run(answer()).headers["access-control-expose-headers"].split(",")}
+    # Any answer to a page's origin (no lifespan here: a path with no route).
+    page = _in_process(app, "GET", "/no-such-route", {"Origin": "https://app.example"})
+    exposed = {h.strip().lower() for h in page.headers["access-control-expose-headers"].split(",")}
     assert {"location", "retry-after", "preference-applied"} <= exposed
 
 
