@@ -50,22 +50,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tracing.setup("api")  # OTEL_EXPORTER_OTLP_ENDPOINT set: each API process exports its submit spans
     # Said at every start, so a misspelt or empty INFERQ_API_KEYS cannot leave the API open unnoticed.
     open_paths = ", ".join(OPEN_PATHS)
+    # Names only, never a key; and who may change what every tenant gets (api/auth.py).
+    operators = ", ".join(t.name for t in settings.tenant_list if t.operator) or "none (no key may change a rollout)"
     if settings.tenants is not None and settings.tenant_list:
-        names = ", ".join(t.name for t in settings.tenant_list)  # names only: never a key
+        names = ", ".join(t.name for t in settings.tenant_list)
         log.info(
-            "API-key authentication is on: %d tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): %s; open without a key: %s",
+            "API-key authentication is on: %d tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): %s; operators: %s;"
+            " open without a key: %s",
             len(settings.tenant_list),
             names,
+            operators,
             open_paths,
         )
     elif settings.api_keys:
         count = len(settings.api_keys)
         plural = "" if count == 1 else "s"
         log.info(
-            "API-key authentication is on: %d key%s (INFERQ_API_KEYS); open without one: %s", count, plural, open_paths
+            "API-key authentication is on: %d key%s (INFERQ_API_KEYS); operators: %s; open without one: %s",
+            count,
+            plural,
+            operators,
+            open_paths,
         )
     else:
-        log.info("API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it")
+        log.info(
+            "API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it and"
+            " act as its operator (rollouts, reloads): keep it on loopback or a private network"
+        )
 
     request_counts = RequestCounts()
 

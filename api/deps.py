@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from inferq.api.auth import Owner
 from inferq.api.events import EventHub
 from inferq.api.versions import VersionRouter
 from inferq.shared import keys, shards
@@ -195,8 +196,9 @@ async def get_state(request: Request) -> AppState:
 State = Annotated[AppState, Depends(get_state)]
 
 
-async def get_model(model: str, state: State) -> ModelConfig:
-    """The model's highest version: what a route about the model as a whole shows (its versions are listed apart)."""
+def served_model(state: AppState, model: str) -> ModelConfig:
+    """The model's highest version: what a route about the model as a whole shows (its versions are listed apart);
+    404 for a model not served. Only for a caller whose key was checked: ``get_model`` checks it first."""
     versions = state.versions.versions(model)
     if versions:
         return versions[max(versions)]
@@ -204,6 +206,13 @@ async def get_model(model: str, state: State) -> ModelConfig:
     if model in invalid:
         raise NotFound(f"model {model!r} is not served: its config is invalid: {invalid[model]}")
     raise NotFound(f"no model {model!r}; GET /v1/models lists them")
+
+
+# The model dependencies take the caller's key (Owner) first: resolved before it, an unknown model's 404 against a
+# known one's 401 told a caller without a key which models exist.
+async def get_model(model: str, state: State, _owner: Owner) -> ModelConfig:
+    """``served_model`` for a caller whose key is good (401 first otherwise)."""
+    return served_model(state, model)
 
 
 Model = Annotated[ModelConfig, Depends(get_model)]
@@ -214,21 +223,28 @@ LOOK_ON_MISS_S = 0.5
 VERSION_DOC = "the model's version to run on (default: as the model's traffic shares route it)"
 
 
-async def route_model(
-    model: str,
-    state: State,
-    version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
-) -> ModelConfig:
-    """The config of the version a submit runs on: the one it pins (``?version=``), else as ``VersionRouter`` routes."""
+async def routed_model(state: AppState, model: str, version: int | None) -> ModelConfig:
+    """The config of the version a submit runs on: the one it pins (``?version=``), else as ``VersionRouter`` routes.
+    Only for a caller whose key was checked: ``route_model`` checks it first."""
     try:
-        await get_model(model, state)  # an unknown or invalid model's 404
+        served_model(state, model)  # an unknown or invalid model's 404
         return await state.versions.route(state.for_model_name(model).aredis, model, version)
     except NotFound:
         # Added a moment ago, before the next look: look now (at most a few times a second, whoever asks).
         if not state.settings.models_poll_s or not await state.look_again(at_most_every_s=LOOK_ON_MISS_S):
             raise
-    await get_model(model, state)
+    served_model(state, model)
     return await state.versions.route(state.for_model_name(model).aredis, model, version)
+
+
+async def route_model(
+    model: str,
+    state: State,
+    _owner: Owner,
+    version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
+) -> ModelConfig:
+    """``routed_model`` for a caller whose key is good (401 first otherwise)."""
+    return await routed_model(state, model, version)
 
 
 Routed = Annotated[ModelConfig, Depends(route_model)]

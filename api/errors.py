@@ -28,6 +28,7 @@ STATUS = {
     errors.Conflict: 409,
     errors.QueueFull: 429,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.Unavailable: 503,
 }
 _HTTP_CODES = {

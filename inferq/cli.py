@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_api_options(parser: argparse.ArgumentParser) -> None:
     """--api and --api-key, for the commands that talk to the API through the SDK."""
     parser.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
-    parser.add_argument("--api-key", help="a key of the API's INFERQ_API_KEYS, when it has them")
+    parser.add_argument("--api-key", help="a key of the API's INFERQ_API_KEYS or INFERQ_TENANTS, when it has them")
 
 
 def _max_wait_ms(value: str) -> float:

@@ -8,6 +8,7 @@ Import them from ``inferq.client``, which re-exports every name here.
      │    ├── InvalidInput            400, 422 (invalid_input, invalid_request)
      │    │    └── UnsupportedMedia   415
      │    ├── Unauthorized            401
+     │    ├── Forbidden               403 (an operator's action with a tenant's own key)
      │    ├── NotFound                404
      │    ├── Conflict                409
      │    ├── PayloadTooLarge         413
@@ -68,6 +69,10 @@ class Unauthorized(APIError):
     """An API key is needed, and it was missing or wrong (401)."""
 
 
+class Forbidden(APIError):
+    """The key is good but not an operator's (403): a rollout, a restore or a reload changes what every tenant gets."""
+
+
 class NotFound(APIError):
     """No such model or job, or its result expired (404)."""
 
@@ -113,13 +118,15 @@ _BY_CODE: dict[str, type[APIError]] = {
     "invalid_request": InvalidInput,
     "unsupported_media_type": UnsupportedMedia,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "not_found": NotFound,
     "conflict": Conflict,
     "payload_too_large": PayloadTooLarge,
     "queue_full": QueueFull,
     "unavailable": Unavailable,
 }
-_BY_STATUS = {400: InvalidInput, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: PayloadTooLarge}
+_BY_STATUS = {400: InvalidInput, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}
+_BY_STATUS |= {413: PayloadTooLarge}
 _BY_STATUS |= {415: UnsupportedMedia, 422: InvalidInput, 429: QueueFull, 503: Unavailable}
 
 

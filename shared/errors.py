@@ -10,6 +10,7 @@ AppError
  ├── QueueFull          the model's queue is at its limit; retry later
  │    └── QuotaExceeded  the caller's tenant is over a quota; retry after the time it names
  ├── Unauthorized       an API key is needed and missing or wrong
+ ├── Forbidden          the key is good, but only an operator's may do this
  └── Unavailable        Redis cannot be reached
 """
 
@@ -69,6 +70,10 @@ class QuotaExceeded(QueueFull):
 
 class Unauthorized(AppError):
     code = "unauthorized"
+
+
+class Forbidden(AppError):
+    code = "forbidden"
 
 
 class Unavailable(AppError):

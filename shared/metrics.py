@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -194,10 +195,15 @@ def batch_increments(items: int, tokens: int = 0, padded_tokens: int = 0) -> Inc
     return acc
 
 
-def failure_record(reason: str, error: str, at: float | None = None) -> str:
-    """One entry of a model's recent failures list: no job id, so it may be shown to any key holder."""
+def failure_record(reason: str, error: str, at: float | None = None, tenant: str | None = None) -> str:
+    """One entry of a model's recent failures list: no job id; its ``tenant`` (the job's, when it had one), since an
+    error may echo the job's input and the status page shows a tenant only its own (lua/lib/announce.lua's
+    ``note_reason`` writes the same)."""
     at = time.time() if at is None else at
-    return json.dumps({"at": round(at, 3), "reason": reason, "error": error[:FAILURE_TEXT_MAX]}, separators=(",", ":"))
+    record: dict[str, Any] = {"at": round(at, 3), "reason": reason, "error": error[:FAILURE_TEXT_MAX]}
+    if tenant:
+        record["tenant"] = tenant
+    return json.dumps(record, separators=(",", ":"))
 
 
 def window_start(at: float | None = None) -> int:
@@ -335,20 +341,25 @@ class Cluster:
 
 
 class ClusterCollector(Collector):
-    """A ``prometheus_client`` collector over one ``Cluster`` read per scrape."""
+    """A ``prometheus_client`` collector over one ``Cluster`` read per scrape; ``tenants``: whether the per-job
+    families carry the ``tenant`` label (else each model's tenants are added into one series: a scrape that may not
+    name them, api/auth.py ``names_tenants``)."""
 
-    def __init__(self, read: Callable[[], Cluster]) -> None:
+    def __init__(self, read: Callable[[], Cluster], tenants: bool = True) -> None:
         self.read = read
+        self.tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
         cluster = self.read()
-        yield from _model_metrics(cluster.models)
+        yield from _model_metrics(cluster.models, self.tenants)
         yield from _webhook_metrics(cluster.webhooks)
         yield from _http_metrics(cluster.http)
 
 
-def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
-    """Every model version's families, labelled by model and version (``models`` is by served name)."""
+def _model_metrics(models: Mapping[str, ModelState], tenants: bool = True) -> Iterator[Metric]:
+    """Every model version's families, labelled by model and version (``models`` is by served name), and the per-job
+    ones by tenant when ``tenants``."""
+    per_job = ["model", "version", "tenant"] if tenants else ["model", "version"]
     depth = GaugeMetricFamily(
         "inferq_queue_depth", "Jobs waiting in the model's queue, per lane.", labels=["model", "version", "lane"]
     )
@@ -360,13 +371,9 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
     workers = GaugeMetricFamily(
         "inferq_workers", "Live workers serving the model, by state.", labels=["model", "version", "state"]
     )
-    ended = CounterMetricFamily(
-        "inferq_jobs_ended", "Jobs ended, by status.", labels=["model", "version", "tenant", "status"]
-    )
+    ended = CounterMetricFamily("inferq_jobs_ended", "Jobs ended, by status.", labels=[*per_job, "status"])
     failures = CounterMetricFamily(
-        "inferq_job_failures",
-        "Failed or expired jobs, by reason class.",
-        labels=["model", "version", "tenant", "reason"],
+        "inferq_job_failures", "Failed or expired jobs, by reason class.", labels=[*per_job, "reason"]
     )
     rolled_back = GaugeMetricFamily(
         "inferq_version_rolled_back",
@@ -374,8 +381,7 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
         labels=["model", "version"],
     )
     histograms = {
-        name: HistogramMetricFamily(metric, help_text, labels=["model", "version", "tenant"])
-        for name, metric, _, help_text in JOB_HISTOGRAMS
+        name: HistogramMetricFamily(metric, help_text, labels=per_job) for name, metric, _, help_text in JOB_HISTOGRAMS
     }
     batch_name, batch_metric, batch_buckets, batch_help = BATCH_HISTOGRAM
     batches = HistogramMetricFamily(batch_metric, batch_help, labels=["model", "version"])
@@ -396,15 +402,17 @@ def _model_metrics(models: Mapping[str, ModelState]) -> Iterator[Metric]:
         for worker_state, live in state.workers.items():
             workers.add_metric([model, version, worker_state], live)
         rolled_back.add_metric([model, version], 1.0 if state.rolled_back else 0.0)
-        for tenant, fields in sorted(by_tenant(state.totals).items()):
+        by_series = by_tenant(state.totals) if tenants else {"": fold_tenants(state.totals)}
+        for tenant, fields in sorted(by_series.items()):
+            labels = [model, version, tenant] if tenants else [model, version]
             by_status = counters(fields, ENDED)
             for status in STATUSES:
-                ended.add_metric([model, version, tenant, status], by_status.get(status, 0.0))
+                ended.add_metric([*labels, status], by_status.get(status, 0.0))
             for reason, value in sorted(counters(fields, FAILED).items()):
-                failures.add_metric([model, version, tenant, reason], value)
+                failures.add_metric([*labels, reason], value)
             for name, _, buckets, _ in JOB_HISTOGRAMS:
                 hist = histogram(fields, name, buckets)
-                histograms[name].add_metric([model, version, tenant], hist.prometheus_buckets(), hist.sum)
+                histograms[name].add_metric(labels, hist.prometheus_buckets(), hist.sum)
         hist = histogram(state.totals, batch_name, batch_buckets)
         batches.add_metric([model, version], hist.prometheus_buckets(), hist.sum)
         if PADDED_TOKENS in state.totals:

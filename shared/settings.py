@@ -140,14 +140,16 @@ class Settings(BaseSettings):
         " health (`/healthz`, `/readyz`, `/v2/health/live`, `/v2/health/ready`, and `/v2`, the protocol's server"
         " metadata), `/metrics` (counts only), the docs (`/docs`, `/docs/oauth2-redirect`, `/redoc`,"
         " `/openapi.json`, `/static-offline-docs/*`) and the status page's own files (`/`, `/static/*`: no data),"
-        " and a key sees only its own jobs; the API logs at start whether authentication is on, with how many keys"
-        " and the routes left open",
+        " and a key sees only its own jobs; each key is a tenant, never an operator (`INFERQ_TENANTS` names"
+        " those); the API logs at start whether authentication is on, with how many keys and the routes left open."
+        " Unset, anyone who reaches the API is its operator: do not expose it",
     )
     tenants: SecretStr | None = Field(
         default=None,
         description="the tenants: a JSON list, inline or `@/path/to/file.json`, of"
         ' `{"name": …, "key": … or "key_sha256": …, "weight": 1,'
-        ' "quotas": {"jobs_per_minute": …, "in_flight": …, "bulk_lines": …}}`;'
+        ' "quotas": {"jobs_per_minute": …, "in_flight": …, "bulk_lines": …}, "operator": false}`'
+        " (an operator's key may also change every tenant's rollout and see every tenant);"
         " each key of `INFERQ_API_KEYS` is a tenant of weight 1 too. A key is never logged or stored; see"
         " docs/tenants.md",
     )

@@ -1,9 +1,13 @@
 """Tenants: the API keys a deployment takes, each with a name, a weight and optional quotas.
 
 ``INFERQ_TENANTS`` configures them: a JSON list, inline or ``@/path/to/file.json`` (a Kubernetes Secret mounted as
-a file), of ``{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {…}}``. Each key of
-``INFERQ_API_KEYS`` is a tenant too, of weight 1, named ``key-`` and the first 8 hex digits of its SHA-256. With
-neither, there is one tenant, ``default``, and nothing is checked.
+a file), of ``{"name": …, "key": … or "key_sha256": …, "weight": 1, "quotas": {…}, "operator": false}``. Each key
+of ``INFERQ_API_KEYS`` is a tenant too, of weight 1, named ``key-`` and the first 8 hex digits of its SHA-256, and no
+operator. With neither, there is one tenant, ``default``, and nothing is checked.
+
+An operator (``"operator": true``) is a tenant that may also change what every tenant gets (a model's rollout, a
+version's restore, a reload of the repository) and see every tenant (the status page, /metrics' tenant label); any
+other key sees and changes only its own (api/auth.py ``may_operate``).
 
 Only a key's SHA-256 is kept: a request's key is hashed and compared with each stored hash in constant time. A key
 is never logged, shown or stored in Redis (a job records its owner as the first 32 hex digits of that hash).
@@ -20,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from inferq.shared.errors import ConfigError
 
@@ -51,6 +64,9 @@ class TenantSpec(BaseModel):
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     weight: float = Field(default=1.0, gt=0, le=1000)
     quotas: Quotas = Quotas()
+    # Whether its key may also act on every tenant's service and see every tenant: only JSON's true or false, so a
+    # quoted "false" is refused rather than read as a role.
+    operator: StrictBool = False
 
     @model_validator(mode="after")
     def _one_key(self) -> TenantSpec:
@@ -65,6 +81,7 @@ class Tenant:
     key_sha256: str  # hex, lower case; empty for the keyless default tenant
     weight: float = 1.0
     quotas: Quotas = Quotas()
+    operator: bool = False  # its key may change every tenant's routing and see every tenant (TenantSpec.operator)
 
     @property
     def owner(self) -> str | None:
@@ -117,6 +134,7 @@ def parse_tenants(raw: str | None, api_keys: Iterable[str] = ()) -> list[Tenant]
             key_sha256(s.key.get_secret_value()) if s.key is not None else str(s.key_sha256).lower(),
             s.weight,
             s.quotas,
+            s.operator,
         )
         for s in specs
     ]
@@ -143,6 +161,10 @@ class Tenants:
         self.all = tenants
         self.by_name = {t.name: t for t in tenants}
         self._digests = [(t.key_sha256.encode(), t) for t in tenants]
+
+    @property
+    def operators(self) -> list[Tenant]:
+        return [t for t in self.all if t.operator]
 
     @property
     def required(self) -> bool:

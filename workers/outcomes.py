@@ -43,7 +43,7 @@ def chunk_outcome(
     for item in items:
         observe(observed, item)
         if item.error is not None and len(notes) < 3:
-            notes.append(metrics.failure_record(metrics.failure_class(item.error), item.error))
+            notes.append(_failure_note(item))
     return Outcome(job, True, summary, int(ttl), info, model, lines, moved, observed, notes)
 
 
@@ -69,10 +69,16 @@ def outcome_of(item: Item, batch_size: int, model: str, worker_name: str, settin
             view=_view(job, "finished", info, int(ttl), item.output_json),
         )
     ttl = job.failure_ttl or settings.failure_ttl_s
-    note = metrics.failure_record(metrics.failure_class(item.error), item.error)
+    note = _failure_note(item)
     value = item.traceback or item.error
     view = _view(job, "failed", info, int(ttl), None)
     return Outcome(job, False, value, int(ttl), info, model, metrics=observed, failures=[note], view=view)
+
+
+def _failure_note(item: Item) -> str:
+    """A failed item's entry in its model's recent failures, under its job's tenant (shown to that tenant only)."""
+    assert item.error is not None
+    return metrics.failure_record(metrics.failure_class(item.error), item.error, tenant=item.job.info.get(F.TENANT))
 
 
 def observe(acc: metrics.Increments, item: Item) -> None:

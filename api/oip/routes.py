@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from inferq.api.auth import Owner, submitted_by
-from inferq.api.deps import AppState, Model, State, get_model, route_model
+from inferq.api.deps import AppState, Model, State, routed_model, served_model
 from inferq.api.errors import error_response
 from inferq.api.inputs import prefer_wait, read_body
 from inferq.api.oip import codec
@@ -42,9 +42,9 @@ _ENDED = {
 }
 
 
-async def _version_config(model: str, version: str, state: State) -> ModelConfig:
-    """The config of the version a ``/versions/{version}`` path names."""
-    await get_model(model, state)  # an unknown or invalid model's 404
+async def _version_config(model: str, version: str, state: State, _owner: Owner) -> ModelConfig:
+    """The config of the version a ``/versions/{version}`` path names (the caller's key checked first)."""
+    served_model(state, model)  # an unknown or invalid model's 404
     versions = state.versions.versions(model)
     number = int(version) if version.isdigit() and len(version) < 10 else None
     if number not in versions:
@@ -53,10 +53,10 @@ async def _version_config(model: str, version: str, state: State) -> ModelConfig
     return versions[number]
 
 
-async def _routed(model: str, state: State) -> ModelConfig:
+async def _routed(model: str, state: State, _owner: Owner) -> ModelConfig:
     """The version an unversioned infer runs on, as the model's traffic shares route it (the protocol pins a
-    version by its path, never by a query)."""
-    return await route_model(model, state, None)
+    version by its path, never by a query); the caller's key checked first."""
+    return await routed_model(state, model, None)
 
 
 Versioned = Annotated[ModelConfig, Depends(_version_config)]

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, require_key, submitted_by
-from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, route_model, state_of
+from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, routed_model, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
 from inferq.shared import keys, shards, tracing
@@ -314,7 +314,7 @@ def _submitter(config: ModelConfig, settings: Settings) -> Submit:
         if version is None and len(versions) == 1:
             routed = next(iter(versions.values()))
         else:
-            routed = await route_model(config.name, state, version)
+            routed = await routed_model(state, config.name, version)
         return await submit_job(request, routed, state, owner, prefer, idempotency_key)
 
     return submit

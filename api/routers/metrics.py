@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -22,6 +22,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferq.api.auth import names_tenants
 from inferq.api.deps import AppState, State
 from inferq.shared import durability, keys, metrics
 from inferq.shared.lifecycle import census
@@ -139,11 +140,11 @@ class DurabilityCollector(Collector):
         yield unavailable
 
 
-def exposition(state: AppState) -> bytes:
-    """One scrape: the cluster read from Redis, written by prometheus_client."""
+def exposition(state: AppState, tenants: bool = True) -> bytes:
+    """One scrape: the cluster read from Redis, written by prometheus_client (``tenants``: with the tenant label)."""
     registry = CollectorRegistry(auto_describe=False)
     placed = [(shard.redis, names) for shard, names in state.placed()]
-    registry.register(metrics.ClusterCollector(lambda: census.read_clusters(placed, state.redis)))
+    registry.register(metrics.ClusterCollector(lambda: census.read_clusters(placed, state.redis), tenants))
     registry.register(DurabilityCollector(state))
     return generate_latest(registry)
 
@@ -153,7 +154,8 @@ def exposition(state: AppState) -> bytes:
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format 0.0.4"}},
 )
-async def scrape(state: State) -> Any:
-    """The whole cluster's metrics (queues, jobs, batches, workers, webhooks, API requests) for Prometheus."""
-    body = await run_in_threadpool(exposition, state)
+async def scrape(request: Request, state: State) -> Any:
+    """The whole cluster's metrics (queues, jobs, batches, workers, webhooks, API requests) for Prometheus. Open; with
+    API keys its per-job families name the tenants (the `tenant` label) only to an operator's key."""
+    body = await run_in_threadpool(exposition, state, names_tenants(request))
     return Response(body, media_type=EXPOSITION_TYPE)

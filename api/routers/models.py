@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from inferq.api.auth import require_key
+from inferq.api.auth import OPERATOR_ONLY, require_key
 from inferq.api.deps import AppState, Model, State
 from inferq.api.schemas import ERRORS, ModelPublic
 from inferq.api.versions import NO_ROUTING, Routing, read_routing
@@ -24,6 +24,8 @@ from inferq.shared.versions import RolledBack, VersionState, clear_rollout, rest
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_key)])
+# The routes that change what every tenant gets answer 403 to a tenant's own key (api/auth.py).
+OPERATOR_ERRORS = {**ERRORS, 403: ERRORS[401]}
 
 
 class RolledBackView(BaseModel):
@@ -261,7 +263,7 @@ class Reloaded(BaseModel):
     invalid: list[str]
 
 
-@router.post("/reload", response_model=Reloaded)
+@router.post("/reload", response_model=Reloaded, responses=OPERATOR_ERRORS, dependencies=OPERATOR_ONLY)
 async def reload_models(state: State) -> Reloaded:
     """Read the model repository again now, as the API also does by itself when it changes (INFERQ_MODELS_POLL_S):
     new models and versions are served, removed ones refused, without a restart. Workers are started apart
@@ -278,7 +280,12 @@ async def get_model(config: Model, state: State) -> ModelServed:
     return served
 
 
-@router.post("/{model}/versions/{version}/restore", response_model=ModelServed, responses=ERRORS)
+@router.post(
+    "/{model}/versions/{version}/restore",
+    response_model=ModelServed,
+    responses=OPERATOR_ERRORS,
+    dependencies=OPERATOR_ONLY,
+)
 async def restore_version(config: Model, version: int, state: State) -> ModelServed:
     """Lift a version's rollback: it takes its share of unpinned submits again (its failure window starts afresh)."""
     versions = state.versions.versions(config.name)
@@ -293,10 +300,10 @@ async def restore_version(config: Model, version: int, state: State) -> ModelSer
 
 
 # FastAPI answers 400 to a body that is not even JSON (422: JSON the model refuses).
-BODY_ERRORS = {**ERRORS, 400: ERRORS[422]}
+BODY_ERRORS = {**OPERATOR_ERRORS, 400: ERRORS[422]}
 
 
-@router.put("/{model}/rollout", response_model=ModelServed, responses=BODY_ERRORS)
+@router.put("/{model}/rollout", response_model=ModelServed, responses=BODY_ERRORS, dependencies=OPERATOR_ONLY)
 async def set_model_rollout(config: Model, update: RolloutUpdate, state: State) -> ModelServed:
     """Set how the model's unpinned submits are shared between its versions, over its config.json's rollout, for
     every API process at once (a rollout event on the events channel; each reads it within a second anyway). It
@@ -309,7 +316,7 @@ async def set_model_rollout(config: Model, update: RolloutUpdate, state: State) 
     return served
 
 
-@router.delete("/{model}/rollout", response_model=ModelServed, responses=ERRORS)
+@router.delete("/{model}/rollout", response_model=ModelServed, responses=OPERATOR_ERRORS, dependencies=OPERATOR_ONLY)
 async def clear_model_rollout(config: Model, state: State) -> ModelServed:
     """Go back to the rollout of the model's config.json."""
     if not await clear_rollout(state.for_model(config).aredis, config.name):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from inferq.api.auth import require_key
+from inferq.api.auth import Caller, may_operate
 from inferq.api.deps import AppState, State
 from inferq.api.routers.tenants import TenantUse, use_of
 from inferq.shared import keys, metrics
@@ -46,6 +46,7 @@ class RecentFailure(BaseModel):
     at: float = Field(description="epoch seconds")
     reason: str = Field(description="the failure's class, as in inferq_job_failures_total")
     error: str = Field(description="the readable reason the job view shows")
+    tenant: str | None = Field(default=None, description="the tenant whose job it was (null without tenants)")
 
 
 class ModelStatus(BaseModel):
@@ -64,7 +65,9 @@ class ModelStatus(BaseModel):
     end_to_end_s: Quantiles
     ended_total: dict[str, float] = Field(description="jobs ended by status, as inferq_jobs_ended_total")
     series: list[WindowPoint] = Field(description="the last complete windows, oldest first")
-    failures: list[RecentFailure] = Field(description="the latest failures, newest first")
+    failures: list[RecentFailure] = Field(
+        description="the latest failures, newest first (a tenant's key: only its own jobs')"
+    )
     rolled_back: str | None = Field(
         default=None, description="why the system rolled this version back, while it stands (it takes no unpinned job)"
     )
@@ -92,7 +95,9 @@ class ClusterStatus(BaseModel):
     window_s: int
     models: list[ModelStatus]
     tenants: list[TenantStatus] = Field(
-        default_factory=list, description="each configured tenant (none without INFERQ_TENANTS or INFERQ_API_KEYS)"
+        default_factory=list,
+        description="each configured tenant to an operator's key, only its own to a tenant's (none without"
+        " INFERQ_TENANTS or INFERQ_API_KEYS)",
     )
     webhooks: dict[str, float] = Field(description="webhook delivery attempts by outcome")
     durability: str = Field(description="what a 202 promises (INFERQ_DURABILITY): async, replica or fsync")
@@ -104,13 +109,16 @@ async def page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html")
 
 
-@router.get("/v1/status", response_model=ClusterStatus, dependencies=[Depends(require_key)])
-async def status(state: State) -> ClusterStatus:
+@router.get("/v1/status", response_model=ClusterStatus)
+async def status(request: Request, state: State, caller: Caller) -> ClusterStatus:
     """Each model's queues, workers, throughput, batch fill, queue and inference time quantiles, charts' data
-    over the last minutes and its latest failures: what the status page at ``/`` shows."""
-    cluster, per_tenant = await run_in_threadpool(_status, state)
+    over the last minutes and its latest failures: what the status page at ``/`` shows. With API keys, a tenant's
+    key sees of the tenants only its own (its row, its jobs' failures; the models as a whole, as /metrics shows
+    anyone); an operator's key sees every tenant."""
+    everyone = may_operate(request, caller)
+    cluster, per_tenant = await run_in_threadpool(_status, state, None if everyone else caller.name)
     total = sum(rate for rate, _, _ in per_tenant.values()) or None
-    for tenant in state.tenants.all:
+    for tenant in state.tenants.all if everyone else [caller]:
         rate, ended, accepted = per_tenant.get(tenant.name, (0.0, {}, 0.0))
         cluster.tenants.append(
             TenantStatus(
@@ -168,7 +176,10 @@ def _per_tenant(
     }
 
 
-def _status(state: AppState) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float], float]]]:
+def _status(
+    state: AppState, only: str | None = None
+) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float], float]]]:
+    """The cluster's status; ``only``: a tenant's name, whose jobs' failures alone are listed."""
     names = [name for _, placed in state.placed() for name in placed]
     now_s = time.time()
     cluster = census.read_clusters([(shard.redis, placed) for shard, placed in state.placed()], state.redis)
@@ -206,7 +217,9 @@ def _status(state: AppState) -> tuple[ClusterStatus, dict[str, tuple[float, dict
                 end_to_end_s=_quantiles(span, "e2e"),
                 ended_total=metrics.counters(metrics.fold_tenants(now.totals), metrics.ENDED),
                 series=[_point(start, fields) for start, fields in complete],
-                failures=[RecentFailure.model_validate(f) for f in history.failures],
+                failures=[
+                    RecentFailure.model_validate(f) for f in history.failures if only is None or f.get("tenant") == only
+                ],
                 rolled_back=reason.decode() if (reason := rolled_back.get(name)) else None,
                 draining=draining,
             )

@@ -22,6 +22,7 @@ TENANTS = [
     {"name": "acme", "key": "key-acme", "weight": 3, "quotas": {"jobs_per_minute": 4}},
     # Stored as its hash only (a Kubernetes Secret need not hold the key itself).
     {"name": "beta", "key_sha256": hashlib.sha256(b"key-beta").hexdigest()},
+    {"name": "ops", "key": "key-ops", "operator": True},  # sees every tenant
 ]
 
 
@@ -87,9 +88,12 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         plain = httpx.get(f"{stack.base}/v1/tenants/me", headers=_as("key-plain"), timeout=10).json()
         assert plain["name"] == "key-" + hashlib.sha256(b"key-plain").hexdigest()[:8]
         assert httpx.get(f"{stack.base}/v1/tenants/me", timeout=10).status_code == 401
-        status = httpx.get(f"{stack.base}/v1/status", headers=_as("key-beta"), timeout=10).json()
-        by_name = {t["name"]: t for t in status["tenants"]}  # the status page: every tenant, by name only
-        assert set(by_name) == {"acme", "beta", plain["name"]} and "key-acme" not in json.dumps(status)
+        # The status page: a tenant's key sees itself alone, an operator's every tenant, by name only.
+        mine = httpx.get(f"{stack.base}/v1/status", headers=_as("key-beta"), timeout=10).json()
+        assert [(t["name"], t["in_flight"]) for t in mine["tenants"]] == [("beta", 6)]
+        status = httpx.get(f"{stack.base}/v1/status", headers=_as("key-ops"), timeout=10).json()
+        by_name = {t["name"]: t for t in status["tenants"]}
+        assert set(by_name) == {"acme", "beta", "ops", plain["name"]} and "key-acme" not in json.dumps(status)
         assert by_name["acme"]["use"]["jobs_per_minute"]["used"] == 4 and by_name["acme"]["weight"] == 3.0
         # No worker: every job each one sent still waits (the status page's "waiting or running").
         assert [by_name[n]["in_flight"] for n in ("acme", "beta", plain["name"])] == [4, 6, 1], by_name
@@ -100,8 +104,9 @@ def test_a_tenant_over_its_jobs_per_minute_quota_gets_429_across_two_api_process
         assert 0 < redis.pttl("inferq:tenant:acme:rate") <= 60_000
         # Nothing an API logs names a key.
         logs = "".join(p.read_text() for p in stack.logs)
-        assert "3 tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): acme, beta, key-" in logs  # names only
-        assert "key-acme" not in logs and "key-beta" not in logs and "key-plain" not in logs
+        assert "4 tenant(s) (INFERQ_TENANTS, INFERQ_API_KEYS): acme, beta, ops, key-" in logs  # names only
+        assert "; operators: ops; " in logs
+        assert "key-acme" not in logs and "key-beta" not in logs and "key-plain" not in logs and "key-ops" not in logs
 
 
 def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> None:
@@ -115,6 +120,7 @@ def test_without_keys_everything_is_one_tenant_with_no_quota(tmp_path: Path) -> 
 
 def _fair_stack(tmp_path: Path, weights: dict[str, float], slow_s: float = 0.02) -> tuple[Stack, dict[str, str]]:
     tenants = [{"name": name, "key": f"key-{name}", "weight": weight} for name, weight in weights.items()]
+    tenants.append({"name": "ops", "key": "key-ops", "operator": True})  # reads /metrics by tenant; sends nothing
     stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants), INFERQ_TEST_SLOW_S=str(slow_s))
     return stack, {name: f"key-{name}" for name in weights}
 
@@ -171,8 +177,9 @@ def test_backlogged_tenants_get_completions_by_their_weights_in_every_10_s_windo
         # 0.2 s a batch of 8 is at most 40 completions a second: 960 while both wait take 24 s at least.
         assert windows >= 2, (first, both_until)
         assert "b" in ran[:16]
-        # /metrics counts each tenant's jobs under its configured name, and no other tenant label.
-        text = httpx.get(f"{stack.base}/metrics", timeout=10).text
+        # /metrics counts each tenant's jobs under its configured name, and no other tenant label (to an operator's
+        # key: a scrape without one sees each model whole).
+        text = httpx.get(f"{stack.base}/metrics", headers=_as("key-ops"), timeout=10).text
         counted = {
             sample.labels["tenant"]: sample.value
             for family in text_string_to_metric_families(text)

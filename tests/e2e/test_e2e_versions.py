@@ -134,8 +134,10 @@ def test_versions_split_by_their_shares_and_each_job_names_its_version_and_weigh
 
 def test_an_operator_sets_the_traffic_through_the_api_and_every_api_process_follows_it(tmp_path: Path) -> None:
     """PUT /v1/models/{m}/rollout stands over config.json's rollout in every API process (here a second one), with
-    the key; DELETE goes back to the config's. The SDK and `inferq models rollout` do the same."""
-    stack = new_stack(tmp_path, INFERQ_API_KEYS="k1")
+    an operator's key (a tenant's own is 403); DELETE goes back to the config's. The SDK and `inferq models rollout`
+    do the same."""
+    tenants = [{"name": "ops", "key": "k1", "operator": True}, {"name": "acme", "key": "k2"}]
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
     model = write_model(stack.models_dir)  # no rollout: the highest version takes every unpinned submit
     write_version(model, 1, 1.0)
     write_version(model, 2, 2.0)
@@ -157,6 +159,8 @@ def test_an_operator_sets_the_traffic_through_the_api_and_every_api_process_foll
         assert versions_of(other, 20) == {2: 20}
         body = {"traffic": {"1": 70, "2": 30}}
         assert httpx.put(f"{stack.base}/v1/models/scale/rollout", json=body).status_code == 401
+        tenant = {"Authorization": "Bearer k2"}
+        assert httpx.put(f"{stack.base}/v1/models/scale/rollout", json=body, headers=tenant).status_code == 403
         bad = httpx.put(f"{stack.base}/v1/models/scale/rollout", json={"traffic": {"1": -5}}, headers=key)
         assert bad.status_code == 422 and "traffic" in bad.text
         empty = httpx.put(f"{stack.base}/v1/models/scale/rollout", json={}, headers=key)

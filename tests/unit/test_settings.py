@@ -198,9 +198,21 @@ OPEN = (
 @pytest.mark.parametrize(
     ("api_keys", "line"),
     [
-        (["key-a", "key-b"], f"API-key authentication is on: 2 keys (INFERQ_API_KEYS); open without one: {OPEN}"),
-        (["key-a"], f"API-key authentication is on: 1 key (INFERQ_API_KEYS); open without one: {OPEN}"),
-        ([], "API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it"),
+        (
+            ["key-a", "key-b"],
+            "API-key authentication is on: 2 keys (INFERQ_API_KEYS); operators: none (no key may change a rollout);"
+            f" open without one: {OPEN}",
+        ),
+        (
+            ["key-a"],
+            "API-key authentication is on: 1 key (INFERQ_API_KEYS); operators: none (no key may change a rollout);"
+            f" open without one: {OPEN}",
+        ),
+        (
+            [],
+            "API-key authentication is off: INFERQ_API_KEYS is not set, anyone who can reach the API may use it and"
+            " act as its operator (rollouts, reloads): keep it on loopback or a private network",
+        ),
     ],
 )
 def test_the_api_logs_at_start_whether_it_authenticates(
@@ -211,3 +223,10 @@ def test_the_api_logs_at_start_whether_it_authenticates(
         create_app(settings)
     assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "inferq.api.app"] == [(logging.INFO, line)]
     assert all("key-" not in r.getMessage() for r in caplog.records)
+
+
+def test_the_api_binds_loopback_unless_told(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without keys anyone who reaches the API is its operator: `inferq up` and `inferq api` bind 127.0.0.1 unless
+    INFERQ_HOST or --host says otherwise (docs/operating.md)."""
+    monkeypatch.delenv("INFERQ_HOST", raising=False)
+    assert Settings(redis_url="redis://127.0.0.1:1/0", models_dir=tmp_path).host == "127.0.0.1"

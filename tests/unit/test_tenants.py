@@ -27,6 +27,13 @@ def test_tenants_come_inline_or_from_a_file_and_each_api_key_is_one_of_weight_1(
     assert found.of_key("s3cret") is not None and found.of_key("s3cret ") is None and found.of_key("") is None
 
 
+def test_only_a_tenant_marked_operator_is_one_and_no_key_of_inferq_api_keys_is() -> None:
+    spec = [{"name": "ops", "key": "k1", "operator": True}, {"name": "acme", "key": "k2"}]
+    ops, acme, plain = parse_tenants(json.dumps(spec), ["k3"])
+    assert (ops.operator, acme.operator, plain.operator) == (True, False, False)
+    assert Tenants([ops, acme, plain]).operators == [ops]
+
+
 def test_a_key_given_as_its_sha256_is_checked_as_the_key_itself() -> None:
     digest = hashlib.sha256(b"k").hexdigest().upper()
     (tenant,) = parse_tenants(json.dumps([{"name": "t", "key_sha256": digest}]))
@@ -45,6 +52,7 @@ def test_a_key_given_as_its_sha256_is_checked_as_the_key_itself() -> None:
         ([{"name": "a", "key": "s3cret", "quotas": {"bulk_lines": -1}}], "bulk_lines"),
         ([{"name": "a", "key": "s3cret", "quotas": {"in_flight": 0}}], "in_flight"),
         ([{"name": "a", "key": "s3cret", "extra": 1}], "0.extra"),
+        ([{"name": "a", "key": "s3cret", "operator": "false"}], "0.operator"),  # a role is JSON's true or false
         ([{"name": "a", "key": "s3cret"}, {"name": "a", "key": "other"}], "more than once: ['a']"),
         ([{"name": "a", "key": "s3cret"}, {"name": "b", "key": "s3cret"}], "share one key"),
         ({"name": "a", "key": "s3cret"}, "valid list"),

@@ -32,7 +32,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       local weight = math.max(items, 1)
       metrics_flush(tenant_incs(info, {['ended:failed'] = weight, ['failed:WorkerDied'] = weight}), m, totals, window)
       note_reason(failures, m, 'WorkerDied',
-                  'the worker running this job died (killed or crashed) and no retries were left')
+                  'the worker running this job died (killed or crashed) and no retries were left', info)
     end
   end
 end

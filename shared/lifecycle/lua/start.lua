@@ -41,7 +41,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       redis.call('DEL', payload)
       state = 'expired'
       metrics_add(acc, tenant_incs(info, {['ended:expired'] = items, ['failed:Expired'] = items}))
-      note_reason(K.failures, m, 'Expired', 'expired: still queued when the batch window ended')
+      note_reason(K.failures, m, 'Expired', 'expired: still queued when the batch window ended', info)
     end
     -- Read before the chunk's lines were written: that wrote only `announced`.
     local deadline = tonumber(flags[3] or '')
@@ -53,7 +53,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       if announce(d) then
         state = 'expired'
         metrics_add(acc, tenant_incs(info, {['ended:expired'] = 1, ['failed:Expired'] = 1}))
-        note_reason(K.failures, m, 'Expired', 'expired: still queued when its deadline passed; it never ran')
+        note_reason(K.failures, m, 'Expired', 'expired: still queued when its deadline passed; it never ran', info)
       end
     end
     out[n] = {id, state}

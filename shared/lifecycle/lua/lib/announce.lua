@@ -101,8 +101,10 @@ local function note_failure(key, m, record)
   redis.call('LTRIM', key, 0, tonumber(m.keep) - 1)
   redis.call('EXPIRE', key, m.failures_ttl)
 end
-local function note_reason(key, m, reason, text)
-  note_failure(key, m, cjson.encode({at = tonumber(m.now), reason = reason, error = text}))
+-- Under the job's tenant, when its info hash names one (shared/metrics.py failure_record): shown to it alone.
+local function note_reason(key, m, reason, text, info)
+  local tenant = redis.call('HGET', info, F.TENANT) or nil
+  note_failure(key, m, cjson.encode({at = tonumber(m.now), reason = reason, error = text, tenant = tenant}))
 end
 -- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set, view}
 -- view: the job's view as JSON text (shared.jobs.ended_view), for a request waiting on it; spliced in as
