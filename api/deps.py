@@ -237,12 +237,16 @@ async def routed_model(state: AppState, model: str, version: int | None) -> Mode
     return await state.versions.route(state.for_model_name(model).aredis, model, version)
 
 
-async def route_model(
-    model: str,
-    state: State,
-    _owner: Owner,
-    version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None,
-) -> ModelConfig:
+async def pinned_version(version: Annotated[int | None, Query(ge=1, description=VERSION_DOC)] = None) -> int | None:
+    """The version a submit pins (``?version=``), or None: routing chooses one. A route that takes it beside
+    ``Routed`` reads the same query (FastAPI solves it once)."""
+    return version
+
+
+Pinned = Annotated[int | None, Depends(pinned_version)]
+
+
+async def route_model(model: str, state: State, _owner: Owner, version: Pinned) -> ModelConfig:
     """``routed_model`` for a caller whose key is good (401 first otherwise)."""
     return await routed_model(state, model, version)
 

@@ -103,6 +103,9 @@ class Submission:
     queue_ttl_s: int | None = None
     max_queue_length: int | None = None
     idempotency_key: str | None = None
+    # The version the client pinned (``?version=``, a /v2 path's), or None: its Idempotency-Key's fingerprint holds
+    # that, never the version routing chose (a retry of an unpinned submit may be routed to another).
+    pinned: int | None = None
     # Who submitted it (a hash of the API key), so only they can see or cancel it.
     owner: str | None = None
     # The model's queue it waits in: interactive work goes first, bulk fills in (keys.LANES).
@@ -123,9 +126,12 @@ class Submission:
         """What an Idempotency-Key's request must match: the input and every option the client chose."""
         # The options too: else a retry with another webhook got the old job and its webhook was
         # silently dropped. Retries, queue limit and owner come from the server, not the body.
-        options: list[Any] = [self.model, self.content_type, self.webhook, self.result_ttl_s, self.queue_ttl_s]
+        name = keys.split_served(self.model)[0]
+        options: list[Any] = [name, self.content_type, self.webhook, self.result_ttl_s, self.queue_ttl_s]
         if self.lane != keys.INTERACTIVE:  # so keys stored before lanes existed still match
             options.append(self.lane)
+        if self.pinned is not None:
+            options.append({"version": self.pinned})
         # JSON escapes control characters: the NUL after it separates the two unambiguously.
         return hashlib.sha256(json.dumps(options).encode() + b"\0" + self.payload).hexdigest()
 

@@ -151,7 +151,7 @@ async def infer(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """Run one item through the model (the version its traffic shares route it to) as a job."""
-    return await _infer(request, config, state, owner, prefer, idempotency_key)
+    return await _infer(request, config, state, owner, prefer, idempotency_key, pinned=None)
 
 
 @router.post("/models/{model}/versions/{version}/infer")
@@ -164,7 +164,7 @@ async def infer_version(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """Run one item through this version of the model as a job."""
-    return await _infer(request, config, state, owner, prefer, idempotency_key)
+    return await _infer(request, config, state, owner, prefer, idempotency_key, pinned=config.version)
 
 
 async def _infer(
@@ -174,6 +174,7 @@ async def _infer(
     owner: str | None,
     prefer: str | None,
     idempotency_key: str | None,
+    pinned: int | None,
 ) -> Response:
     """Run one item through ``config`` as a job and answer with its outputs (202 with its ID if asked)."""
     settings = state.settings
@@ -190,6 +191,7 @@ async def _infer(
         retries=config.retries,
         max_queue_length=config.max_queue_length,
         idempotency_key=idempotency_key or None,
+        pinned=pinned,
         owner=owner,
         **submitted_by(request),
     )
@@ -210,7 +212,7 @@ async def _infer(
             "id": job.id,
             "status": view["status"] if view else public_status(job.status),
             "model": config.name,
-            "version": config.version,
+            "version": config.version if job.version is None else job.version,
             "created_at": isoformat(job.created_at),
             "enqueued_at": isoformat(job.enqueued_at),
             "urls": {

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, fair_order_of, tenant_of
 from inferq.api.bulk_upload import LineChecker, read_upload
-from inferq.api.deps import Routed, State
+from inferq.api.deps import Pinned, Routed, State
 from inferq.api.schemas import ERRORS
 from inferq.shared import keys, shards
 from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded
@@ -69,6 +69,7 @@ async def submit_batch(
     config: Routed,
     state: State,
     owner: Owner,
+    pinned: Pinned,
     webhook: Annotated[str | None, Query(description="called once when the batch ends", max_length=2048)] = None,
     result_ttl: Annotated[int | None, Query(description="seconds results stay readable after the end", ge=1)] = None,
     priority: Annotated[Literal["interactive", "bulk"], Query(description="the lane its items wait in")] = "bulk",
@@ -82,7 +83,11 @@ async def submit_batch(
         raise InvalidInput(f"result_ttl must be at most {settings.max_result_ttl_s} seconds")
     if webhook:
         await check_webhook_target_async(webhook, settings.webhook_allow)
-    fingerprint = hashlib.sha256(json.dumps([config.name, priority, webhook, result_ttl]).encode() + b"\0")
+    # What the client chose, as a single submit's (shared/jobs.py): the version it pinned, never the one routing chose.
+    options: list[Any] = [config.name, priority, webhook, result_ttl]
+    if pinned is not None:  # so the keys of unpinned uploads stored before versions counted still match
+        options.append({"version": pinned})
+    fingerprint = hashlib.sha256(json.dumps(options).encode() + b"\0")
     idem_key = keys.idempotency_key(owner or "", f"batch\0{idempotency_key}") if idempotency_key else None
     shard = state.for_model(config)
     held = cast(bytes | None, await shard.aredis.get(idem_key)) if idem_key else None

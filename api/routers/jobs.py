@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inferq.api.auth import Owner, require_key, submitted_by
-from inferq.api.deps import VERSION_DOC, AppState, Routed, Shard, State, routed_model, state_of
+from inferq.api.deps import VERSION_DOC, AppState, Pinned, Routed, Shard, State, routed_model, state_of
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
 from inferq.shared import keys, shards, tracing
@@ -129,6 +129,7 @@ async def _submit(
     prefer: str | None,
     idempotency_key: str | None,
     traced: tracing.Submitted | None,
+    pinned: int | None,
 ) -> tuple[Enqueued, dict[str, Any] | None, float]:
     """Parse, check and enqueue a submit (and wait, ``Prefer: wait``): the job, its view if read, the wait."""
     settings = state.settings
@@ -139,6 +140,7 @@ async def _submit(
         retries=config.retries,
         max_queue_length=config.max_queue_length,
         idempotency_key=idempotency_key or None,
+        pinned=pinned,
         owner=owner,
         **submitted_by(request),
         trace=traced.stored if traced is not None else None,
@@ -164,6 +166,7 @@ async def submit_job(
     config: Routed,
     state: State,
     owner: Owner,
+    pinned: Pinned,
     prefer: Annotated[str | None, Header(description="wait=N: hold up to N seconds for the result")] = None,
     idempotency_key: Annotated[
         str | None, Header(description="the same key and body return the same job", max_length=200)
@@ -171,7 +174,7 @@ async def submit_job(
 ) -> JSONResponse:
     """Queue one input for the model; answers 202 with the job ID at once."""
     with tracing.submit_span(request.headers, config.served, "/v1/models/{model}/jobs") as traced:
-        job, view, wait_s = await _submit(request, config, state, owner, prefer, idempotency_key, traced)
+        job, view, wait_s = await _submit(request, config, state, owner, prefer, idempotency_key, traced, pinned)
     urls = _urls(request, job.id)
     headers = {"Location": urls["self"]}
     if wait_s > 0:
@@ -182,7 +185,7 @@ async def submit_job(
         "id": job.id,
         "status": public_status(job.status),
         "model": config.name,
-        "version": config.version,
+        "version": config.version if job.version is None else job.version,  # an Idempotency-Key's job: its own
         "created_at": isoformat(job.created_at),
         "enqueued_at": isoformat(job.enqueued_at),
         "urls": urls,
@@ -315,6 +318,6 @@ def _submitter(config: ModelConfig, settings: Settings) -> Submit:
             routed = next(iter(versions.values()))
         else:
             routed = await routed_model(state, config.name, version)
-        return await submit_job(request, routed, state, owner, prefer, idempotency_key)
+        return await submit_job(request, routed, state, owner, version, prefer, idempotency_key)
 
     return submit

@@ -37,6 +37,9 @@ class Enqueued:
     created_at: datetime | None
     # When it last entered its queue: a client's "queued since" (a retried job's is its requeue).
     enqueued_at: datetime | None
+    # The version whose queue it is in, read for an Idempotency-Key's earlier job: routing may have sent its retry
+    # elsewhere (None: the submit's own job, on the version it was routed to).
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,26 +159,28 @@ async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, 
     return calls.text(verdict), calls.text(existing), created_at
 
 
-_ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at"]
+_ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at", "origin"]
 
 
-def _enqueued(job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None) -> Enqueued:
+def _enqueued(
+    job_id: str, status: bytes | None, created: bytes | None, enqueued: bytes | None, origin: bytes | None
+) -> Enqueued:
     if status is None:
         raise NotFound(f"the job {job_id} of this Idempotency-Key has expired")
-    return Enqueued(job_id, status.decode(), rqhash.parse_stamp(created), rqhash.parse_stamp(enqueued))
+    version = keys.split_served(keys.model_from_queue(origin.decode()))[1] if origin else None
+    return Enqueued(job_id, status.decode(), rqhash.parse_stamp(created), rqhash.parse_stamp(enqueued), version)
 
 
 def read_enqueued(connection: Redis, job_id: str) -> Enqueued:
     """An existing job as the submit answer shows it; NotFound once it expired."""
-    status, created, enqueued = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS))
-    return _enqueued(job_id, status, created, enqueued)
+    fields = cast(list[bytes | None], connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS))
+    return _enqueued(job_id, *fields)
 
 
 async def read_enqueued_async(connection: AsyncRedis, job_id: str) -> Enqueued:
     """``read_enqueued`` on a ``redis.asyncio`` client."""
     reply = connection.hmget(layout.job_key(job_id), _ENQUEUED_FIELDS)
-    status, created, enqueued = await cast(Awaitable[list[bytes | None]], reply)
-    return _enqueued(job_id, status, created, enqueued)
+    return _enqueued(job_id, *await cast(Awaitable[list[bytes | None]], reply))
 
 
 def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, tenant: str = "") -> str | None:
