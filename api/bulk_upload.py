@@ -98,7 +98,7 @@ class LineChecker:
         for number in sorted(outcomes):  # in line order, as the answer lists them and the results hold them
             outcome = outcomes[number]
             if isinstance(outcome, BulkItem):
-                self.sink.add(outcome)  # may refuse the whole upload: past its lane's bound
+                self.sink.add(outcome)  # may refuse the whole upload: past its lane's bound or its whole quota
             else:
                 self._refuse(number, *outcome)
 

@@ -138,6 +138,12 @@ class BatchWriter:
                 f"the upload holds more than {self.max_items} items, the most the bulk lane of model {self.model}"
                 " may hold (INFERQ_MAX_BULK_QUEUED_ITEMS); split it"
             )
+        if self.bulk_lines is not None and self.items > self.bulk_lines:
+            # Never fits, however long it waits: not the quota's retryable 429 (docs/bulk.md).
+            raise PayloadTooLarge(
+                f"the upload holds more than {self.bulk_lines} items, tenant {self.tenant}'s whole bulk_lines quota"
+                " (its upload lines that may wait at once): it can never be queued; split it"
+            )
         self._chunk.append(item)
         if len(self._chunk) == self.chunk_size:
             self._close_chunk()

@@ -12,11 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.client import Client
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
+from tests.support.waiting import wait_until
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: nothing listens there
 SAMPLES = ROOT / "samples"
@@ -212,3 +215,49 @@ def test_api_keys_go_with_every_command_and_a_refused_one_is_one_line(tmp_path: 
         assert listed.returncode == 0 and "slow" in listed.stdout, listed.stderr
         queued = _one_result(_cli("submit", "slow", "--json", '{"inputs": [1, 2]}', *api, "--api-key", "key-1"))
         assert (queued["http_status"], queued["status"]) == (202, "queued")
+
+
+def _batch_answers(base: str) -> dict[str, float]:
+    """The API's answers to uploads by status, as /metrics counts them (every API process adds its own each second)."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "inferq_http_requests_total" and sample.labels["route"] == "/v1/models/{model}/batches"
+    }
+
+
+def test_batch_stops_at_once_on_an_upload_its_quota_never_holds_and_a_rollout_needs_an_operators_key(
+    tmp_path: Path,
+) -> None:
+    """An upload over the tenant's whole bulk_lines quota was a 429 that `inferq batch` retried for 40 s; and any
+    tenant's key could set a model's rollout for every tenant."""
+    tenants = [
+        {"name": "acme", "key": "key-acme", "quotas": {"bulk_lines": 3}},
+        {"name": "ops", "key": "key-ops", "operator": True},
+    ]
+    stack = new_stack(tmp_path, INFERQ_TENANTS=json.dumps(tenants))
+    source = tmp_path / "items.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"i{n}", "inputs": [n, n]}) + "\n" for n in range(5)))
+    with serving(stack) as running:
+        running.start_api()
+        api = ["--api", running.base]
+        done = _cli("batch", "slow", str(source), "--out", str(tmp_path / "out.jsonl"), *api, "--api-key", "key-acme")
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line == (
+            "inferq batch: 413 payload_too_large: the upload holds more than 3 items, tenant"
+            " acme's whole bulk_lines quota (its upload lines that may wait at once): it can never be queued; split it"
+        )
+        wait_until(lambda: _batch_answers(running.base), 30, "the API's request counts in Redis")
+        assert _batch_answers(running.base) == {"413": 1.0}  # one upload, never retried
+
+        rollout = ["models", "rollout", "slow", "1=100", *api]
+        refused = _cli(*rollout, "--api-key", "key-acme")
+        assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+        (line,) = refused.stderr.splitlines()
+        assert line.startswith(f"inferq: {running.base} answered 403 forbidden: tenant acme may not do this: "), line
+        assert running.redis().exists("inferq:rollout:slow") == 0
+        taken = _cli(*rollout, "--api-key", "key-ops")
+        assert taken.returncode == 0 and "traffic 1=100" in taken.stdout, taken.stderr

@@ -147,3 +147,29 @@ def test_the_bulk_lane_bounds_its_waiting_items(redis: redis_py.Redis, settings:
     assert redis.get(waiting) == b"0"
     (room,) = call_api(settings, ("POST", post, {"content": echo_jsonl(10, "d"), "headers": JSONL}))
     assert room.status_code == 202 and redis.get(waiting) == b"10"
+
+
+def test_an_upload_larger_than_its_tenants_whole_bulk_lines_quota_is_413_not_a_retryable_429(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """An upload that can never fit got the quota's 429 with Retry-After: 10, and `inferq batch` retried it."""
+    tenants = [{"name": "acme", "key": "key-acme", "quotas": {"bulk_lines": 5}}]
+    settings = Settings(redis_url=settings.redis_url, models_dir=settings.models_dir, tenants=json.dumps(tenants))
+    post = "/v1/models/echo/batches"
+    acme = {**JSONL, "Authorization": "Bearer key-acme"}
+    never, fits, full = call_api(
+        settings,
+        ("POST", post, {"content": echo_jsonl(6), "headers": acme}),
+        ("POST", post, {"content": echo_jsonl(5, "b"), "headers": acme}),  # the whole quota: it fits
+        ("POST", post, {"content": echo_jsonl(1, "c"), "headers": acme}),  # fits once the others ran: a 429
+    )
+    assert never.status_code == 413 and "retry-after" not in never.headers
+    assert never.json()["error"] == {
+        "code": "payload_too_large",
+        "message": "the upload holds more than 5 items, tenant acme's whole bulk_lines quota (its upload lines that"
+        " may wait at once): it can never be queued; split it",
+    }
+    assert fits.status_code == 202, fits.text
+    assert full.status_code == 429 and full.headers["retry-after"] == "10"
+    assert redis.llen(BULK_QUEUE) == 5  # the refused uploads left nothing queued or staged
+    assert [k for k in redis.scan_iter("inferq:payload:*") if fits.json()["id"].encode() not in k] == []
