@@ -60,7 +60,11 @@ NOT_RUN = (
     ),
     ("INFERQ_TENANTS=", "starts inferq up with tenants from a file: tests/e2e/test_e2e_tenants.py starts the API so"),
     (".venv/bin/python samples/webhook_receiver.py", "a receiver that runs until stopped (test_e2e_operators.py)"),
-    (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
+    (
+        ".venv/bin/rq-dashboard ",
+        "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints, test_e2e_sentinel.py"
+        " through a Sentinel group",
+    ),
     (".venv/bin/pip install ", "downloads wheels from download.pytorch.org: no network in tests"),
     ("python -m bench.run", "the benchmark: minutes of load (make bench)"),
     ("python -m bench.gpu", "measures a CUDA GPU (tests/e2e/test_bench_gpu.py runs its --dry-run and its refusal)"),
