@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
         telemetry=tracing.fastapi_telemetry(),
     )
+    errors.install(app)  # first: its 500s pass through every middleware added after it
     if settings.cors_origins:
         # Off unless configured: browsers then may call the API from these origins only. Every method the API has
         # (a rollout is a PUT and a DELETE), every request header it reads, and the response headers a page needs
@@ -138,7 +139,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     # Outermost: it sees every request's final status; it counts in memory (no Redis call per request).
     app.add_middleware(metrics_router.RequestMetrics, counts=request_counts)
-    errors.install(app)
     app.include_router(health.router)
     app.include_router(models.router)
     # Before jobs.router: a model's own submit path, not the catch-all for unknown models, takes its jobs.

@@ -224,7 +224,7 @@ async def _body_blocks(request: Request, settings: Settings) -> AsyncIterator[by
 async def _limited(request: Request, max_bytes: int) -> AsyncGenerator[bytes, None]:
     """The body's blocks, refused as soon as it passes the limit (chunked bodies too)."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_bytes}")
     size = 0
     async for block in request.stream():

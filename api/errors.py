@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.shared import connections, errors
 
@@ -77,8 +78,48 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid"))
 
 
+class ServerErrors:
+    """Pure ASGI middleware: an exception no handler took becomes the one 500 answer, and its connection stays usable.
+
+    Starlette hands such an exception to its ServerErrorMiddleware, which answers with the handler below and then
+    raises it again for the server to log; uvicorn closes the connection of any request whose app raised, so a
+    keep-alive client's next request on it met a reset (ECONNRESET). Here it is answered and logged, not raised. One
+    raised after its response started (a stream cut off mid-body) still goes on up: only closing the connection
+    tells the client that body is incomplete.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if started:
+                raise
+            log.exception("unhandled error")
+            await _internal_error(Request(scope))(scope, receive, send)
+
+
+def _internal_error(request: Request) -> JSONResponse:
+    return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))
+
+
 def install(app: FastAPI) -> None:
-    """Register the one place that maps exceptions to responses."""
+    """Register the one place that maps exceptions to responses: call it before adding any other middleware, so that
+    they all (CORS's headers, the request counts) see the 500 an unhandled exception becomes."""
+    app.add_middleware(ServerErrors)
 
     @app.exception_handler(errors.AppError)
     async def app_error(request: Request, exc: errors.AppError) -> JSONResponse:
@@ -107,7 +148,7 @@ def install(app: FastAPI) -> None:
     async def redis_error(request: Request, exc: Exception) -> JSONResponse:
         if not connections.is_unavailable(exc):
             log.exception("unexpected Redis error")
-            return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))
+            return _internal_error(request)
         # Down, slow, paused, full, busy, loading or demoted: a retry later may succeed. The message names the
         # condition, never the Redis URL or the reply (which may carry keys).
         reason = connections.why_unavailable(exc)
@@ -115,10 +156,11 @@ def install(app: FastAPI) -> None:
         message = f"the job store is unavailable: {reason}; retry shortly"
         return error_response(503, "unavailable", message, flat=is_protocol_path(request))
 
+    # What ServerErrors does not see: an exception of a middleware outside it.
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error_response(500, "internal_error", "internal server error", flat=is_protocol_path(request))
+        return _internal_error(request)
 
 
 def _allowed(request: Request, given: str | None) -> str | None:

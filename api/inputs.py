@@ -36,7 +36,7 @@ _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?([^\s,;\"]*)\"?", re.IGNOR
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
     """The whole body, refusing it as soon as it passes the limit (chunked bodies too)."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > max_body_bytes:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_body_bytes}")
     chunks: list[bytes] = []
     size = 0

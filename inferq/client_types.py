@@ -413,7 +413,7 @@ def retry_after_s(value: str | None) -> float | None:
     """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP date; None if absent or unreadable."""
     if not value:
         return None
-    if value.strip().isdigit():
+    if value.strip().isascii() and value.strip().isdigit():  # isdigit() alone: "²" (float() refuses it)
         return float(value.strip())
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())

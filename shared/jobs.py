@@ -24,6 +24,7 @@ from inferq.shared.lifecycle import layout, rqhash, submit
 from inferq.shared.lifecycle.info import JobInfo, at_submit
 from inferq.shared.rqjson import JSONQueue
 from inferq.shared.settings import Settings
+from inferq.shared.view import encode_fields
 
 TERMINAL = ("finished", "failed", "canceled", "expired")
 # RQ statuses a client never needs to tell apart.
@@ -318,22 +319,13 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
         raise NotFound(f"job {job_id!r} cannot be read ({type(exc).__name__}); it may have expired") from None
     status = public_status(job.status)
     model, version = keys.split_served(info.model or keys.model_from_queue(job.origin))
+    expires_at = _expires_at(status, job, pttl_ms)
     view: dict[str, Any] = {
         "id": job_id,
         "model": model,
         "version": version,
-        "status": status,
         "created_at": isoformat(job.created_at),
-        "enqueued_at": isoformat(job.enqueued_at),
-        "started_at": isoformat(job.started_at) if status != "queued" else None,
-        "ended_at": isoformat(job.ended_at) if status in TERMINAL else None,
-        "batch_size": info.batch_size,
-        "worker": job.worker_name or None,
-        "weights_sha256": info.weights,
-        "timings_ms": info.timings_ms,
-        "result": None,
-        "error": None,
-        "expires_at": isoformat(utcnow() + timedelta(milliseconds=pttl_ms)) if pttl_ms > 0 else None,
+        **_fields(status, job.enqueued_at, job.started_at, job.ended_at, info, job.worker_name, expires_at),
     }
     if status == "canceled":
         view["error"] = info.error or "canceled by request"
@@ -352,6 +344,48 @@ def _view_of(job_id: str, owner: str | None, replies: list[Any]) -> dict[str, An
     return _with_webhook(view, info, attempts)
 
 
+def _fields(
+    status: str,
+    enqueued_at: datetime | None,
+    started_at: datetime | None,
+    ended_at: datetime | None,
+    info: JobInfo,
+    worker: str | None,
+    expires_at: str | None,
+) -> dict[str, Any]:
+    """A view's fields but for its id, model, version and created_at, its result and error still None: the one
+    builder of a job read back (``_view_of``), one that expired unrun, and the view a worker publishes as a waited job
+    ends (``ended_view``), so the two a waiting request may be answered with cannot differ."""
+    return {
+        "status": status,
+        "enqueued_at": isoformat(enqueued_at),
+        "started_at": isoformat(started_at) if status != "queued" else None,
+        "ended_at": isoformat(ended_at) if status in TERMINAL else None,
+        "batch_size": info.batch_size,
+        "worker": worker or None,
+        "weights_sha256": info.weights,
+        "timings_ms": info.timings_ms,
+        "result": None,
+        "error": None,
+        "expires_at": expires_at,
+    }
+
+
+def kept_until(ended_at: datetime, ttl_s: int) -> str | None:
+    """A job's ``expires_at`` once it ended with a result: its end plus the TTL its finish gave it."""
+    return isoformat(ended_at + timedelta(seconds=ttl_s))
+
+
+def _expires_at(status: str, job: rqhash.JobFields, pttl_ms: int) -> str | None:
+    """When a job read back goes. One that ended with a result: ``kept_until`` with the TTL its hash names for that
+    end, the same instant on every read and in the view its worker published (now plus the key's PTTL moved by a
+    millisecond from read to read); any other: now plus what is left of its hash's TTL."""
+    ttl_s = job.result_ttl if status == "finished" else job.failure_ttl if status == "failed" else None
+    if ttl_s is not None and job.ended_at is not None:
+        return kept_until(job.ended_at, ttl_s)
+    return isoformat(utcnow() + timedelta(milliseconds=pttl_ms)) if pttl_ms > 0 else None
+
+
 def ended_view(
     status: str,
     enqueued_at: datetime | None,
@@ -365,23 +399,16 @@ def ended_view(
 
     The worker publishes it with the end event of a job whose submit waits (``Prefer: wait``): the API
     answers that request from the event, with no read of its own (that read was a sixth of a waited
-    request's cost). The same fields ``_view_of`` reads back once the finish stored them.
+    request's cost). The same fields ``_view_of`` reads back once the finish stored them, built by the same
+    ``_fields`` and encoded as the API encodes a view (``shared.view``), so a request answered from it gets the bytes
+    a read would have given.
     """
-    return orjson.dumps(
-        {
-            "status": status,
-            "enqueued_at": isoformat(enqueued_at),
-            "started_at": isoformat(started_at),
-            "ended_at": isoformat(ended_at),
-            "batch_size": info.batch_size,
-            "worker": info.worker,
-            "weights_sha256": info.weights,
-            "timings_ms": info.timings_ms,
-            "result": orjson.Fragment(result_json) if result_json is not None and status == "finished" else None,
-            "error": info.error if status == "failed" else None,
-            "expires_at": isoformat(ended_at + timedelta(seconds=ttl_s)),
-        }
-    )
+    fields = _fields(status, enqueued_at, started_at, ended_at, info, info.worker, kept_until(ended_at, ttl_s))
+    if status == "finished" and result_json is not None:
+        fields["result"] = orjson.loads(result_json)
+    elif status == "failed":
+        fields["error"] = info.error
+    return encode_fields(fields)
 
 
 def view_from_event(
@@ -415,18 +442,9 @@ def _expired_view(job_id: str, info: JobInfo) -> dict[str, Any]:
         "id": job_id,
         "model": model,
         "version": version,
-        "status": "expired",
         "created_at": None,
-        "enqueued_at": None,
-        "started_at": None,
-        "ended_at": isoformat(ended),
-        "batch_size": None,
-        "worker": None,
-        "weights_sha256": None,
-        "timings_ms": None,
-        "result": None,
+        **_fields("expired", None, None, ended, JobInfo(), None, None),
         "error": "expired: still queued when its deadline passed; it never ran",
-        "expires_at": None,
     }
 
 

@@ -27,7 +27,7 @@ def served_name(model: str, version: int) -> str:
 def split_served(served: str) -> tuple[str, int]:
     """(model, version) of a served name."""
     model, _, version = served.partition("@")
-    return model, int(version) if version.isdigit() else 1
+    return model, int(version) if version.isascii() and version.isdigit() else 1
 
 
 # Every model has two queues, its lanes: interactive work goes first, bulk work fills in.

@@ -18,7 +18,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from inferq.shared.errors import ConfigError, InvalidInput, UnsupportedMedia
-from inferq.shared.inputs.image import IMAGE_FORMATS, check_png_chunks
+from inferq.shared.inputs.image import IMAGE_FORMATS, ShorterSide, check_png_chunks
 from inferq.shared.models import ImageInput, ModelConfig, TensorInput
 from inferq.workers.collation import move_batch, pad_sequences, split, stack, to_device
 from inferq.workers.formats import DTYPES, import_object, load_model
@@ -219,10 +219,7 @@ class ImageClassifier(Handler):
         self._shift = (-mean / std).astype(np.float32).reshape(channels, 1, 1)
 
     def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
-        image = self._decode(payload)
-        height, width = self.input.size
-        if image.size != (width, height):  # Pillow's resize to the same size is a copy
-            image = image.resize((width, height), Image.Resampling.BOX)
+        image = resized(self._decode(payload), self.input, self.max_image_pixels)
         pixels = np.asarray(image)  # uint8, height x width (x channels)
         pixels = pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
         # Two passes over the pixels, written channel-first once: scaled into a new float array, then shifted. The
@@ -276,6 +273,46 @@ class ImageClassifier(Handler):
             for p, i in zip(values.tolist(), indices.tolist(), strict=True)
         ]
         return {"label": top[0]["label"], "score": top[0]["score"], "top_k": top}
+
+
+_FILTERS = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
+def resized(image: Image.Image, spec: ImageInput, max_pixels: int) -> Image.Image:
+    """``image`` brought to ``spec.size`` as ``spec.resize`` says: squashed, or torchvision's Resize of the shorter
+    side and CenterCrop, with their arithmetic (torchvision.transforms.functional's ``resize`` and ``center_crop``
+    on a PIL image, which call Pillow's ``resize`` and ``crop`` as here)."""
+    height, width = spec.size
+    how = spec.resize
+    resample = _FILTERS[how.interpolation]
+    if not isinstance(how, ShorterSide):
+        # Pillow's resize to the same size is a copy.
+        return image.resize((width, height), resample) if image.size != (width, height) else image
+    w, h = image.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = how.shorter_side, int(how.shorter_side * long / short)  # truncated, as torchvision does
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    if new_w * new_h > max_pixels:
+        raise InvalidInput(
+            f"image is {w}x{h}: its shorter side scaled to {how.shorter_side} makes it {new_w}x{new_h} pixels, over"
+            f" the limit of {max_pixels}"
+        )
+    if (new_w, new_h) != (w, h):  # torchvision leaves an image of the asked size alone
+        image = image.resize((new_w, new_h), resample)
+    # A side at least the crop's is cut at its centre offset rounded as Python rounds (half to even); a shorter one
+    # is padded with black, (crop - side) // 2 before it, as torchvision pads: Pillow's crop past the edge is black.
+    left = int(round((new_w - width) / 2.0)) if new_w >= width else -((width - new_w) // 2)
+    top = int(round((new_h - height) / 2.0)) if new_h >= height else -((height - new_h) // 2)
+    if (left, top, new_w, new_h) == (0, 0, width, height):
+        return image
+    return image.crop((left, top, left + width, top + height))
 
 
 class ImageEmbedding(ImageClassifier):

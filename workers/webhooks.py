@@ -42,6 +42,7 @@ from inferq.shared.lifecycle.queues import register_queues
 from inferq.shared.rqjson import JSONJob, JSONQueue
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
+from inferq.shared.view import encode_view
 from inferq.workers import traces
 from inferq.workers.outage import Outage, register_through
 
@@ -70,16 +71,18 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
         batch = bulk.read_batch(connection, job_id)
         if batch is None:
             return {"job_id": job_id, "attempt": attempt, "outcome": "batch expired"}
-        view, url = batch, batch.pop("webhook", None)
+        url = batch.pop("webhook", None)
+        body = json.dumps(batch, separators=(",", ":")).encode()
     else:
         try:
             view = get_job_view(connection, job_id)
         except NotFound:
             return {"job_id": job_id, "attempt": attempt, "outcome": "job expired"}
-        url = (view.pop("webhook", None) or {}).get("url")
+        url = (view.get("webhook") or {}).get("url")
+        # The job as GET /v1/jobs/{id} shows it now, to the byte: its webhook too, with the attempts before this one.
+        body = encode_view(view)
     if not url:
         return {"job_id": job_id, "attempt": attempt, "outcome": "no webhook"}
-    body = json.dumps(view, separators=(",", ":")).encode()
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     # webhook-id stays the same across retries so receivers can deduplicate.
     headers = signing.headers(secret, f"msg_{job_id}", body)

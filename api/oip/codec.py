@@ -129,7 +129,8 @@ def metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
 def _header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
     if header_length is None:
         size = len(body)
-    elif header_length.strip().isdigit() and int(header_length) <= len(body):
+    # ASCII digits only: str.isdigit() is true of "²" (a header's byte 0xb2), which int() refuses.
+    elif header_length.strip().isascii() and header_length.strip().isdigit() and int(header_length) <= len(body):
         size = int(header_length)
     else:
         raise InvalidInput(f"{HEADER_LENGTH} must be the JSON header's length in bytes (at most {len(body)})")

@@ -45,8 +45,11 @@ _ENDED = {
 async def _version_config(model: str, version: str, state: State, _owner: Owner) -> ModelConfig:
     """The config of the version a ``/versions/{version}`` path names (the caller's key checked first)."""
     served_model(state, model)  # an unknown or invalid model's 404
+    # ASCII digits only: str.isdigit() is true of "²", which int() refuses (that was a 500).
+    if not (version.isascii() and version.isdigit()):
+        raise InvalidInput(f"a version is a number in ASCII digits, got {version[:50]!r}")
     versions = state.versions.versions(model)
-    number = int(version) if version.isdigit() and len(version) < 10 else None
+    number = int(version) if len(version) < 10 else None
     if number not in versions:
         served = ", ".join(map(str, versions))
         raise NotFound(f"model {model} has no version {version[:50]!r} (it has: {served})")

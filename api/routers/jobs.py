@@ -9,14 +9,13 @@ models the API validates with, api/schemas.py), and the job read with this deplo
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferq.api.auth import Owner, require_key, submitted_by
 from inferq.api.deps import VERSION_DOC, AppState, Pinned, Routed, Shard, State, routed_model, state_of
@@ -38,7 +37,7 @@ from inferq.shared.lifecycle.submit import Enqueued
 from inferq.shared.models import ModelConfig, ModelRepository
 from inferq.shared.settings import Settings
 from inferq.shared.urls import check_webhook_target_async
-from inferq.shared.view import JobAccepted, JobView
+from inferq.shared.view import JobAccepted, JobView, encode_view
 
 router = APIRouter(tags=["jobs"])
 # Waiters re-read the job this often even without an event, so a lost event only delays them.
@@ -57,6 +56,11 @@ def _urls(request: Request, job_id: str) -> dict[str, str]:
 
 async def _view(state: AppState, job_id: str, owner: str | None) -> dict[str, Any]:
     return await get_job_view_async(state.for_id(job_id).aredis, job_id, owner)
+
+
+def view_response(view: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A job's view as every route answers with it (``encode_view``): the same bytes for the same job."""
+    return Response(encode_view(view), status_code, headers, media_type="application/json")
 
 
 async def wait_for_end(state: AppState, job_id: str, timeout_s: float, owner: str | None) -> dict[str, Any]:
@@ -171,7 +175,7 @@ async def submit_job(
     idempotency_key: Annotated[
         str | None, Header(description="the same key and body return the same job", max_length=200)
     ] = None,
-) -> JSONResponse:
+) -> Response:
     """Queue one input for the model; answers 202 with the job ID at once."""
     with tracing.submit_span(request.headers, config.served, "/v1/models/{model}/jobs") as traced:
         job, view, wait_s = await _submit(request, config, state, owner, prefer, idempotency_key, traced, pinned)
@@ -180,7 +184,7 @@ async def submit_job(
     if wait_s > 0:
         headers["Preference-Applied"] = f"wait={wait_s:g}"
         if view is not None and view["status"] in TERMINAL:
-            return JSONResponse(view, status_code=200, headers=headers)
+            return view_response(view, 200, headers)
     accepted = {
         "id": job.id,
         "status": public_status(job.status),
@@ -194,22 +198,23 @@ async def submit_job(
 
 
 # Routed by router_for, where ?wait= is declared with this deployment's cap.
-async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> dict[str, Any]:
+async def get_job(job_id: str, state: State, owner: Owner, wait_s: float) -> Response:
     """The job's status, and its result or error once it ended."""
     if wait_s > 0:
-        return await wait_for_end(state, job_id, wait_s, owner)
-    return await _view(state, job_id, owner)
+        return view_response(await wait_for_end(state, job_id, wait_s, owner))
+    return view_response(await _view(state, job_id, owner))
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, responses=ERRORS)
-async def cancel(job_id: str, state: State, owner: Owner) -> dict[str, Any]:
+async def cancel(job_id: str, state: State, owner: Owner) -> Response:
     """Cancel a queued or running job; a job that already ended answers 409."""
     await cancel_job_async(state.for_id(job_id).aredis, state.settings, job_id, owner)
-    return await _view(state, job_id, owner)
+    return view_response(await _view(state, job_id, owner))
 
 
 def _sse(view: dict[str, Any]) -> str:
-    return f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
+    # encode_view escapes every line break inside strings: the data is one line, as an SSE field must be.
+    return f"event: {view['status']}\ndata: {encode_view(view).decode()}\n\n"
 
 
 @router.get(
@@ -243,7 +248,7 @@ async def job_events(job_id: str, request: Request, state: State, owner: Owner) 
 
 
 # -- the routes whose OpenAPI comes from this deployment ----------------------------------------------
-Submit = Callable[..., Awaitable[JSONResponse]]
+Submit = Callable[..., Awaitable[Response]]
 
 
 def router_for(settings: Settings, configs: ModelRepository) -> APIRouter:
@@ -280,7 +285,7 @@ def router_for(settings: Settings, configs: ModelRepository) -> APIRouter:
             allow_inf_nan=False,
             description=f"seconds (at most {max_wait_s:g}) to hold the request until the job ends",
         ),
-    ) -> dict[str, Any]:
+    ) -> Response:
         return await get_job(job_id, state, owner, wait or 0.0)
 
     router.add_api_route(
@@ -307,7 +312,7 @@ def _submitter(config: ModelConfig, settings: Settings) -> Submit:
             None, description="the same key and body return the same job", max_length=200
         ),
         version: int | None = Query(None, ge=1, description=VERSION_DOC),  # noqa: B008 - as above
-    ) -> JSONResponse:
+    ) -> Response:
         # The key checked here rather than as the Owner dependency: the busiest route, and FastAPI solves each
         # dependency in a pass of its own over the path, query, headers and cookies. The same check, first.
         owner = await require_key(request, request.headers.get("authorization"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -14,6 +15,7 @@ from inferq.api.auth import Caller, may_operate
 from inferq.api.deps import AppState, State
 from inferq.api.routers.tenants import TenantUse, use_of
 from inferq.shared import keys, metrics
+from inferq.shared.inputs import input_example
 from inferq.shared.lifecycle import census
 from inferq.shared.tenants import Quotas
 
@@ -52,6 +54,11 @@ class RecentFailure(BaseModel):
 class ModelStatus(BaseModel):
     name: str
     input_kind: str
+    input_example: Any = Field(
+        default=None,
+        description='an "inputs" value the model takes, as the playground suggests it (from a json model\'s schema);'
+        " null where its kind has none to show",
+    )
     queue_depth: dict[str, int] = Field(description="jobs waiting, per lane")
     oldest_age_s: dict[str, float] = Field(description="age of the oldest waiting job, per lane (0 when empty)")
     workers: dict[str, int] = Field(description="live workers serving the model: busy, idle")
@@ -207,6 +214,7 @@ def _status(
             ModelStatus(
                 name=name,
                 input_kind=state.config_of(name).input.kind,
+                input_example=input_example(state.config_of(name).input),
                 queue_depth=now.depth,
                 oldest_age_s=now.oldest_age_s,
                 workers=now.workers,

@@ -73,7 +73,7 @@ function card(model) {
   root.dataset.model = model.name;
   $(root, ".name").textContent = model.name;
   $(root, ".kind").textContent = model.input_kind + " input";
-  entry = { root, depth: [], kind: model.input_kind };
+  entry = { root, depth: [], kind: model.input_kind, example: model.input_example };
   playground(entry, model.name);
   document.getElementById("models").appendChild(root);
   cards.set(model.name, entry);
@@ -198,7 +198,9 @@ function playground(entry, model) {
   } else {
     const text = document.createElement("textarea");
     text.name = "inputs";
-    text.placeholder = entry.kind === "text" ? "Type a text" : "JSON for \"inputs\", e.g. [[0.1, 0.2]]";
+    // The model's own example (its input kind builds it: zeros of a tensor's shape, an object a json schema takes).
+    const example = entry.example === null || entry.example === undefined ? "" : ", e.g. " + JSON.stringify(entry.example);
+    text.placeholder = entry.kind === "text" ? "Type a text" : "JSON for \"inputs\"" + example;
     area.appendChild(text);
   }
   form.addEventListener("submit", (event) => {

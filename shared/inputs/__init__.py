@@ -26,6 +26,7 @@ __all__ = [
     "Payload",
     "TensorInput",
     "TextInput",
+    "input_example",
     "input_kind",
 ]
 
@@ -37,3 +38,9 @@ Input = Annotated[ImageInput | TensorInput | TextInput | JsonInput, Field(discri
 def input_kind(spec: ImageInput | TensorInput | TextInput | JsonInput) -> InputKind[Any]:
     """The kind a model's input config belongs to."""
     return KINDS[spec.kind]
+
+
+def input_example(spec: ImageInput | TensorInput | TextInput | JsonInput) -> Any:
+    """An "inputs" value the model takes in a JSON body, as its kind builds one (``InputKind.example``); or None."""
+    kind = input_kind(spec)
+    return kind.example(spec) if kind.example is not None else None

@@ -51,6 +51,9 @@ class InputKind(Generic[Spec]):
     multipart: bool = False
     # For kinds whose spec fixes the input's size: a JSON body (or JSONL line) far past it is refused unparsed.
     json_bound: Callable[[Spec], JsonBound] | None = None
+    # An "inputs" value of a JSON body the spec takes, as the status page's playground suggests it (GET /v1/status);
+    # None where it has none to show.
+    example: Callable[[Spec], Any] | None = None
 
     def takes_media(self, media_type: str) -> bool:
         """Whether a raw body of ``media_type`` (lower case, no parameters) goes to from_bytes."""

@@ -17,6 +17,7 @@ from referencing.jsonschema import DRAFT202012, specification_with
 
 from inferq.shared.errors import ConfigError, InvalidInput
 from inferq.shared.inputs.base import InputKind, Payload, json_type
+from inferq.shared.inputs.schema_example import schema_example
 from inferq.shared.settings import Settings
 
 _MAX_MESSAGE_CHARS = 300
@@ -98,6 +99,16 @@ def from_json(spec: JsonInput, inputs: Any, model: str, settings: Settings) -> P
     return Payload(data, "application/json")
 
 
+def example(spec: JsonInput) -> dict[str, Any] | None:
+    """An object the model's schema accepts (``{}`` without one), or None when none can be built for it."""
+    if spec.json_schema is None:
+        return {}
+    value = schema_example(spec.json_schema)
+    if not isinstance(value, dict) or spec.validator is None or not spec.validator.is_valid(value):
+        return None
+    return value
+
+
 def openapi(spec: JsonInput) -> dict[str, dict[str, Any]]:
     return {"application/json": {**(spec.json_schema or {}), "type": "object"}}
 
@@ -108,4 +119,5 @@ KIND = InputKind(
     takes="a JSON body {'inputs': {...}} holding a JSON object",
     openapi=openapi,
     from_json=from_json,
+    example=example,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,6 +14,28 @@ from inferq.shared.inputs.base import InputKind, Payload
 from inferq.shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_chunks, png_size
 from inferq.shared.settings import Settings
 
+# Pillow's resampling filters by name, as torchvision's InterpolationMode names them (lower case).
+Interpolation = Literal["nearest", "bilinear", "bicubic", "box", "hamming", "lanczos"]
+
+
+class Squash(BaseModel):
+    """Every image scaled to ``size`` as it is: its aspect ratio not kept, nothing cropped (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["squash"] = "squash"
+    interpolation: Interpolation = "box"
+
+
+class ShorterSide(BaseModel):
+    """torchvision's ``Resize(shorter_side)`` then ``CenterCrop(size)``, as ImageNet models are evaluated: the shorter
+    side scaled to ``shorter_side`` with the aspect ratio kept, then the centre ``size`` cut out (a side shorter than
+    the crop padded with black, as torchvision pads)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["shorter_side"] = "shorter_side"
+    shorter_side: int = Field(ge=1, le=16_384)
+    interpolation: Interpolation = "bilinear"
+
 
 class ImageInput(BaseModel):
     """How an uploaded image becomes the model's input tensor."""
@@ -22,6 +44,8 @@ class ImageInput(BaseModel):
     kind: Literal["image"] = "image"
     mode: Literal["L", "RGB"] = "RGB"
     size: tuple[int, int] = (224, 224)  # (height, width)
+    # How an image of another size is brought to ``size``.
+    resize: Annotated[Squash | ShorterSide, Field(discriminator="method")] = Field(default_factory=Squash)
     # Pixels are scaled to [0, 1], then normalized per channel.
     mean: list[float] = Field(default_factory=lambda: [0.0])
     std: list[float] = Field(default_factory=lambda: [1.0])

@@ -84,6 +84,20 @@ def json_bound(spec: TensorInput) -> JsonBound:
     return JsonBound(chars, f"{nodes} number{'' if nodes == 1 else 's'} (a tensor of shape {spec.shape})")
 
 
+# A tensor of more numbers than this has no example to show: a hint, not a page of zeros.
+EXAMPLE_NUMBERS_MAX = 16
+
+
+def example(spec: TensorInput) -> Any:
+    """Zeros of the spec's shape and dtype, or None past ``EXAMPLE_NUMBERS_MAX`` numbers."""
+    if math.prod(spec.shape) > EXAMPLE_NUMBERS_MAX:
+        return None
+    value: Any = 0 if spec.dtype == "int64" else 0.0
+    for size in reversed(spec.shape):
+        value = [value] * size
+    return value
+
+
 def openapi(spec: TensorInput) -> dict[str, dict[str, Any]]:
     if spec.dtype == "int64":
         schema: dict[str, Any] = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
@@ -101,4 +115,5 @@ KIND = InputKind(
     openapi=openapi,
     from_json=from_json,
     json_bound=json_bound,
+    example=example,
 )

@@ -41,7 +41,17 @@ class JobFields:
     ``datetime.fromisoformat`` reads as the same instant.
     """
 
-    __slots__ = ("status", "origin", "worker_name", "created_at", "enqueued_at", "started_at", "ended_at")
+    __slots__ = (
+        "status",
+        "origin",
+        "worker_name",
+        "created_at",
+        "enqueued_at",
+        "started_at",
+        "ended_at",
+        "result_ttl",
+        "failure_ttl",
+    )
 
     def __init__(self, raw: dict[bytes, bytes]) -> None:
         raw[b"data"]  # noqa: B018 - as RQ's restore: a hash without its data is not a job
@@ -55,6 +65,9 @@ class JobFields:
         self.enqueued_at = parse_stamp(raw.get(b"enqueued_at"))
         self.started_at = parse_stamp(raw.get(b"started_at"))
         self.ended_at = parse_stamp(raw.get(b"ended_at"))
+        # Seconds a finished (failed) job is kept once it ends; as RQ's restore, an empty or absent one is None.
+        self.result_ttl = int(raw[b"result_ttl"]) if raw.get(b"result_ttl") else None
+        self.failure_ttl = int(raw[b"failure_ttl"]) if raw.get(b"failure_ttl") else None
 
 
 def result_of(payload: dict[bytes, bytes]) -> tuple[bool, Any]:

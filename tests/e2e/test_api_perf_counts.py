@@ -17,7 +17,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +154,9 @@ def test_a_waited_submit_is_answered_from_its_end_event_with_the_view_a_read_giv
             # Only a view's read sends these (the worker's scripts never do).
             assert "cmdstat_xrevrange" not in stats and "cmdstat_pttl" not in stats, status
             answered = response.json()
-            read = httpx.get(f"{stack.base}/v1/jobs/{answered['id']}").json()
-            assert answered["status"] == read["status"] == status
-            assert read.pop("webhook") is None
-            expires = [datetime.fromisoformat(v.pop("expires_at")) for v in (answered, read)]
-            assert abs((expires[0] - expires[1]).total_seconds()) < 1
-            assert answered == read
+            assert (answered["status"], answered["webhook"]) == (status, None)
+            # The same bytes a read gives (tests/e2e/test_e2e_job_views.py: every other way the job is shown too).
+            assert response.content == httpx.get(f"{stack.base}/v1/jobs/{answered['id']}").content
         assert "could not decode image" in answered["error"] and answered["result"] is None
 
         client.config_resetstat()

@@ -14,6 +14,7 @@ import pytest
 import redis as redis_py
 
 from inferq.shared import connections
+from inferq.shared.redis_server import free_port
 from tests.support.ha import SERVICE, SentinelGroup
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
@@ -78,3 +79,57 @@ def test_every_process_follows_a_failover_by_itself(tmp_path: Path) -> None:
             assert client.info("server")["tcp_port"] == new
             wait_until(lambda: len(client.smembers("rq:workers")) == 2, 30, "both workers registered on it")
         assert "inferq.slow" in rq_info(group.url)
+
+
+def _dashboard_data(base: str, what: str) -> dict[str, Any] | None:
+    """rq-dashboard's JSON of ``what`` (queues, workers), or None while it does not answer it."""
+    try:
+        answer = httpx.get(f"{base}/0/data/{what}.json", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return dict(answer.json()) if answer.status_code == 200 else None
+
+
+def test_rq_dashboard_serves_a_sentinel_group_and_follows_its_failover(tmp_path: Path) -> None:
+    """docs/redis.md: the command `inferq up` prints, a redis+sentinel:// URL, serves the group's queues and workers,
+    and finds the new primary once the old one is gone (rq-dashboard 0.9.0 connects with redis-py's Sentinel
+    client, through the redis-sentinel-url package)."""
+    dashboard_bin = Path(sys.executable).parent / "rq-dashboard"
+    if not dashboard_bin.exists():
+        pytest.skip("rq-dashboard is not installed (it comes with `make setup`'s dev extra)")
+    with (
+        SentinelGroup(tmp_path / "ha", replicas=1) as group,
+        serving(new_stack(tmp_path, server=group.servers[0], redis_url=group.url, **ENV)) as stack,
+    ):
+        stack.start_worker("slow", name="worker")
+        stack.start("webhooks", name="webhooks")
+        stack.wait_for_worker("slow")
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        with (tmp_path / "dashboard.log").open("wb") as log:
+            dashboard = subprocess.Popen(
+                [str(dashboard_bin), "--json", "--redis-url", group.url, "--port", str(port), "--bind", "127.0.0.1"],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+
+            def serves(names: set[str]) -> bool:
+                queues, workers = _dashboard_data(base, "queues"), _dashboard_data(base, "workers")
+                if queues is None or workers is None:
+                    return False
+                shown = {q["name"] for q in queues["queues"]}
+                prefixes = {w["name"].split(".")[0] for w in workers["workers"]}
+                return names <= shown and {"slow", "webhooks"} <= prefixes
+
+            wait_until(lambda: serves({"inferq.slow", "inferq.slow.bulk", "inferq.webhooks"}), 60, "the dashboard")
+            old = group.kill_primary()
+            new = group.wait_for_new_primary(old)
+            assert new != old
+            # Only the new primary answers now: the dashboard asked the sentinels where it is.
+            wait_until(lambda: serves({"inferq.slow", "inferq.webhooks"}), 60, "the dashboard on the new primary")
+            assert dashboard.poll() is None, (tmp_path / "dashboard.log").read_text()
+        finally:
+            dashboard.terminate()
+            dashboard.wait(timeout=10)

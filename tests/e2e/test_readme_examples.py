@@ -60,7 +60,11 @@ NOT_RUN = (
     ),
     ("INFERQ_TENANTS=", "starts inferq up with tenants from a file: tests/e2e/test_e2e_tenants.py starts the API so"),
     (".venv/bin/python samples/webhook_receiver.py", "a receiver that runs until stopped (test_e2e_operators.py)"),
-    (".venv/bin/rq-dashboard ", "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints"),
+    (
+        ".venv/bin/rq-dashboard ",
+        "a server that runs until stopped: test_e2e_operators.py reads its JSON endpoints, test_e2e_sentinel.py"
+        " through a Sentinel group",
+    ),
     (".venv/bin/pip install ", "downloads wheels from download.pytorch.org: no network in tests"),
     ("python -m bench.run", "the benchmark: minutes of load (make bench)"),
     ("python -m bench.gpu", "measures a CUDA GPU (tests/e2e/test_bench_gpu.py runs its --dry-run and its refusal)"),
@@ -69,8 +73,12 @@ NOT_RUN = (
     ("cat > models/sentiment/", "the config beside your own save_pretrained folder"),
 )
 RUN = ("curl ", "printf ", ".venv/bin/inferq ", ".venv/bin/rq info ")
-# The models the stack's worker serves: the demos and the tensor model docs/serving.md's ONNX snippet writes.
-SERVED = ("digits", "langid", "tiny-onnx")
+# The models the stack's worker serves: the demos, the tensor model docs/serving.md's ONNX snippet writes, and the
+# models of its handlers of one's own.
+SERVED = ("digits", "langid", "tiny-onnx", "digit-logits", "langid-lower", "loudness")
+# A python snippet that is a module the worker imports, saved in the working folder under the name its first line
+# gives: "# my_models.py, importable by the worker".
+MODULE = re.compile(r"# (\w+\.py), importable by the worker")
 
 
 def nav_pages(nav: Any) -> Iterator[str]:
@@ -186,8 +194,9 @@ def model_snippets() -> list[tuple[Example, str]]:
     """The python snippets that write a model folder, each with the file it must be saved as (or "")."""
     out = []
     for example in examples():
-        if example.kind == "python" and example.code.startswith("# my_models.py"):
-            out.append((example, "my_models.py"))
+        module = MODULE.match(example.code) if example.kind == "python" else None
+        if module:
+            out.append((example, module.group(1)))
         elif example.kind == "python" and 'pathlib.Path("models/' in example.code:
             out.append((example, ""))
     return out
@@ -235,8 +244,8 @@ def run_example(readme: Readme, example: Example) -> None:
 def run_python(readme: Readme, example: Example) -> None:
     if example.where in readme.model_snippets:
         done = readme.model_snippets[example.where]
-    elif example.code.startswith("# my_models.py"):
-        assert (readme.work / "my_models.py").read_text() == example.code
+    elif module := MODULE.match(example.code):
+        assert (readme.work / module.group(1)).read_text() == example.code
         return
     else:
         code = readme.adapt(example.code)

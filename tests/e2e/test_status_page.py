@@ -7,6 +7,7 @@ load going a little longer, so the charts have more to draw).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -120,3 +121,44 @@ def test_the_page_shows_the_models_and_runs_a_digit_through_the_playground(
                 page.screenshot(path=screenshot, full_page=True)
             browser.close()
         assert requested and all(url.startswith(stack.base) for url in requested), requested
+
+
+# A json model's schema: the playground's hint used to be the same tensor for every model, [[0.1, 0.2]].
+VALUES_SCHEMA = {
+    "type": "object",
+    "required": ["values"],
+    "properties": {"values": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0.5}, "minItems": 2}},
+}
+HINT = 'JSON for "inputs", e.g. '
+
+
+def test_the_playground_suggests_the_input_each_model_takes(tmp_path: Path) -> None:
+    stack = new_stack(tmp_path / "stack", INFERQ_TEST_SLOW_S="0")
+    folder = stack.models_dir / "values"
+    folder.mkdir()
+    handler = "tests.support.builders:Ragged"  # {"values": [numbers]} in; each value over 0.5, doubled, out
+    config = {"handler": handler, "weights": "none", "input": {"kind": "json", "schema": VALUES_SCHEMA}}
+    (folder / "config.json").write_text(json.dumps(config))
+    with serving(stack):
+        stack.start_api()
+        stack.start_worker("values")
+        stack.wait_for_worker("values")
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+            page = browser.new_page()
+            page.goto(f"{stack.base}/")
+            expect = sync_api.expect
+            expect(page.locator('[data-model="values"]')).to_have_count(1, timeout=15_000)
+            hints = {
+                name: page.locator(f'[data-model="{name}"] .playground textarea').get_attribute("placeholder")
+                for name in ("values", "slow")
+            }
+            assert hints == {"values": HINT + '{"values":[0.6,0.6]}', "slow": HINT + "[0,0]"}
+            expect(page.locator('[data-model="digits"] .playground input[type=file]')).to_have_count(1)
+            # What it suggests runs as it is.
+            card = page.locator('[data-model="values"]')
+            card.locator(".playground textarea").fill(hints["values"].removeprefix(HINT))
+            card.locator(".playground button[type=submit]").click()
+            expect(card.locator(".timeline li.finished")).to_be_visible(timeout=30_000)
+            expect(card.locator(".job-output")).to_contain_text('"count": 2')  # 0.6 doubled is over 1: both kept
+            browser.close()

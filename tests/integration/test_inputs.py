@@ -280,6 +280,16 @@ def test_models_list_shows_each_kind(settings: Settings, redis: redis_py.Redis) 
     }
 
 
+def test_the_status_suggests_an_input_each_model_takes(settings: Settings, redis: redis_py.Redis) -> None:
+    """The playground's hint: it suggested [[0.1, 0.2]] for every model that takes JSON, an object's too."""
+    status = call(settings, "GET", "/v1/status")
+    assert status.status_code == 200, status.text
+    examples = {m["name"]: m["input_example"] for m in status.json()["models"]}
+    assert examples == {"anything": {}, "pair": [0.0, 0.0], "person": {"age": 0, "tags": ["text"]}, "sentiment": None}
+    for name in ("anything", "pair", "person"):
+        assert stored(redis, submit(settings, name, json={"inputs": examples[name]}))  # the API takes what it suggests
+
+
 def test_tensor_submissions_are_unchanged(settings: Settings, redis: redis_py.Redis) -> None:
     response = submit(settings, "pair", content=b"1,2", headers={"content-type": "text/plain"})
     assert_refused(redis, response, 415, "unsupported_media_type", "model pair takes a JSON body {'inputs': [...]}")

@@ -92,6 +92,7 @@ def test_verify_webhook_returns_the_job() -> None:
 def test_retry_after_is_read_as_seconds_or_a_date() -> None:
     assert retry_after_s("3") == 3.0
     assert retry_after_s(None) is None and retry_after_s("soon") is None
+    assert retry_after_s("²") is None and retry_after_s("٣") is None  # digits to str.isdigit(), not to HTTP
     in_a_minute = format_datetime(datetime.fromtimestamp(time.time() + 60, UTC), usegmt=True)
     assert 55 <= (retry_after_s(in_a_minute) or 0) <= 60
 

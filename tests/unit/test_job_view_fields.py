@@ -42,6 +42,8 @@ def _job(status: JobStatus, stamp: datetime, worker: str | None) -> JSONJob:
         serializer=JSONSerializer,
         origin="inferq.m",
         status=status,
+        result_ttl=3600,
+        failure_ttl=86400,
     )
     job.created_at = job.enqueued_at = stamp
     if status != JobStatus.QUEUED:
@@ -63,6 +65,7 @@ def test_the_fields_a_view_shows_are_what_rqs_restore_reads(status: JobStatus, s
     mine = JobFields(raw)
     assert mine.status == restored.get_status(refresh=False)
     assert (mine.origin, mine.worker_name) == (restored.origin, restored.worker_name)
+    assert (mine.result_ttl, mine.failure_ttl) == (restored.result_ttl, restored.failure_ttl) == (3600, 86400)
     for name in ("created_at", "enqueued_at", "started_at", "ended_at"):
         assert getattr(mine, name) == getattr(restored, name), name
         assert isoformat(getattr(mine, name)) == isoformat(getattr(restored, name)), name

@@ -63,6 +63,7 @@ def test_malformed_requests_are_refused_with_what_is_wrong() -> None:
     png = _input("image", [1], "BYTES", np.array([b"\x89PNG"], dtype=np.object_))
     body, length = _encoded(png)
     assert "Inference-Header-Content-Length" in _refusal(DIGITS, body, str(len(body) + 1))
+    assert "Inference-Header-Content-Length" in _refusal(DIGITS, body, "²")  # isdigit() says yes, int() refuses it
     assert "binary_data_size must be the 3 bytes" in _refusal(DIGITS, body[:-5], length)
     truncated = json.loads(body[: int(length)]) | {}
     truncated["inputs"][0]["parameters"]["binary_data_size"] = 3

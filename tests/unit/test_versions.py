@@ -27,6 +27,7 @@ def write(folder: Path, config: dict[str, Any] | None = None, weights: bytes | N
 def test_served_names_leave_version_1_as_it_was() -> None:
     assert served_name("m", 1) == "m" and served_name("m", 12) == "m@12"
     assert split_served("m") == ("m", 1) and split_served("m@12") == ("m", 12)
+    assert split_served("m@²") == ("m", 1)  # str.isdigit() is true of "²", which int() refuses
     assert queue_name("m@2", "bulk") == "inferq.m@2.bulk" and model_from_queue("inferq.m@2.bulk") == "m@2"
 
 
