@@ -4,9 +4,11 @@ itself after a failover, and ``rq info`` reads the group through inferq's rq con
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -78,3 +80,30 @@ def test_every_process_follows_a_failover_by_itself(tmp_path: Path) -> None:
             assert client.info("server")["tcp_port"] == new
             wait_until(lambda: len(client.smembers("rq:workers")) == 2, 30, "both workers registered on it")
         assert "inferq.slow" in rq_info(group.url)
+
+
+class Interrupted(Exception):
+    """What a signal handler raises into a blocking read, as RQ's stop raises StopRequested into a worker's pop."""
+
+
+def test_a_read_cut_short_on_a_sentinel_connection_leaves_no_reply_for_the_next_command(tmp_path: Path) -> None:
+    """The connection of a blocking pop cut short by a signal is dropped, not handed to the next command with the
+    pop's reply still to come: the worker's and the sender's stop (RQ's register_death pipeline) failed on it."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    with SentinelGroup(tmp_path / "ha", replicas=1) as group, connections.connect(group.url, 5.0) as client:
+        client.ping()
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                client.blpop(["nothing-arrives"], timeout=2)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        with client.pipeline() as pipeline:
+            pipeline.set("after", "1")
+            pipeline.get("after")
+            assert pipeline.execute() == [True, b"1"]
