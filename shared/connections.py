@@ -191,7 +191,11 @@ class SentinelConnection(redis.sentinel.SentinelManagedConnection):
     execution"). A caller that means to keep the connection (pub/sub's reads) still says so."""
 
     def read_response(
-        self, disable_decoding: bool = False, *, disconnect_on_error: bool = True, push_request: bool = False
+        self,
+        disable_decoding: bool = False,
+        *,
+        disconnect_on_error: bool | None = True,
+        push_request: bool | None = False,
     ) -> Any:
         return super().read_response(
             disable_decoding=disable_decoding, disconnect_on_error=disconnect_on_error, push_request=push_request
