@@ -291,6 +291,10 @@ class BatchWorker(SimpleWorker):
                 # A burst or a draining worker ends at an empty queue; any other waits for work, saying so.
                 if claimed is None and timeout is not None and not self.draining:
                     self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+                    # A stop asked while it still said busy (a batch had just ended) was only noted: RQ looks at it
+                    # after this returns, and waiting for a job first held the stop until one came.
+                    if self._stop_requested:
+                        return None
                     claimed = self._claim(timeout)
                 self.outage.ok()
                 if claimed is None:
