@@ -26,6 +26,22 @@ class Scheduler(RQScheduler):
         super().__init__(*args, **kwargs)
         self.outage = Outage(f"webhook scheduler {self.name}")
 
+    def take_up(self, burst: bool) -> None:
+        """What RQ's worker does with a new scheduler: its locks taken, then its loop in a process of its own, or for
+        a burst one pass here. Locks another sender's scheduler holds are left to it; maintenance asks again."""
+        self.acquire_locks()
+        if not self.acquired_locks:
+            return
+        if not burst:
+            self.start()
+            return
+        try:
+            self.register_birth()
+            self.enqueue_scheduled_jobs()
+        finally:
+            self.release_locks()
+            self.register_death()
+
     def register_birth(self) -> None:
         """Its hash (what `rq info` and a restart's cleanup read), tried until Redis takes it or a stop is asked."""
         while not self._stop_requested:

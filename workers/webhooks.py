@@ -393,24 +393,9 @@ class WebhookWorker(SimpleWorker):
             serializer=self.serializer,
         )
         self.scheduler = scheduler
-
-        def start() -> None:
-            scheduler.acquire_locks()
-            if not scheduler.acquired_locks:
-                return  # another sender's scheduler holds them; maintenance asks again
-            if not burst:
-                scheduler.start()
-                return
-            try:
-                scheduler.register_birth()
-                scheduler.enqueue_scheduled_jobs()
-            finally:
-                scheduler.release_locks()
-                scheduler.register_death()
-
         # RQ takes its scheduler locks before its loop, outside every hook above: a sender that started while Redis
         # was full or busy quit there. Skipped, the scheduler (retries) is started by maintenance once Redis is back.
-        self.outage.skip(start, "starting its scheduler")
+        self.outage.skip(lambda: scheduler.take_up(burst), "starting its scheduler")
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         """RQ's dequeue (its heartbeat, maintenance, then a blocking pop), waiting out an unavailable Redis.
