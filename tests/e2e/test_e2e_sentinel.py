@@ -164,6 +164,8 @@ def test_a_primary_killed_and_left_down_is_waited_out_in_silence_and_the_stop_af
             )
             found = _scheduler(client)
             assert found is not None and found[0] == scheduler_pid, stack.log_text()
+            # RQ's command channels (the worker's and the sender's) are subscribed on the new primary too.
+            wait_until(lambda: len(client.pubsub_channels("rq:pubsub:*")) == 2, 30, "both command channels on it")
         stopped = list(zip(stack.procs, stack.logs, strict=True))
         stack.stop_all()
         for proc, log in stopped:
