@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from types import FrameType
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 # Redis connections the submit and read paths share: their commands travel in shared pipelines
 # (api/autopipeline.py), so one is in use at a time; the rest are spares while one reconnects.
 REDIS_POOL_SIZE = 4
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -99,7 +104,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         flusher.start()
         tune_for_serving()
         try:
-            yield
+            with _released_on_stop(functools.partial(_release_waits, shards.values())):
+                yield
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -151,6 +157,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(status.router)
     app.mount("/static", StaticFiles(directory=status.STATIC_DIR), name="static")
     return app
+
+
+def _release_waits(shards: Iterable[Shard]) -> None:
+    for shard in shards:
+        shard.events.release()
+
+
+@contextmanager
+def _released_on_stop(release: Callable[[], None]) -> Iterator[None]:
+    """Call ``release`` on the event loop as soon as the process is asked to stop (SIGINT, SIGTERM), while the block
+    runs: every request waiting on a job then answers at once (api/events.py, ``EventHub.release``).
+
+    uvicorn stops on those signals by closing its socket and waiting for every open connection to close; the app's
+    lifespan ends only after, too late for a request held open by a wait. uvicorn's handler (``Server.handle_exit``,
+    in each process of ``--workers N``) is kept and called after; with none in Python, nothing waits to be told.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can take a signal
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(release)
+        handler = previous[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)
+
+    chained = [sig for sig, handler in previous.items() if callable(handler)]
+    for sig in chained:
+        signal.signal(sig, on_stop)
+    try:
+        yield
+    finally:
+        for sig in chained:
+            if signal.getsignal(sig) is on_stop:
+                signal.signal(sig, previous[sig])
 
 
 async def _watch_models(state: AppState) -> None:

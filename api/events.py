@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 # An idle subscription is PINGed this often; no answer within the Redis timeout and it is dropped and made
 # again (a NAT or proxy may have dropped it silently: no event would ever arrive on it).
 PING_EVERY_S = 5.0
+# What a waiting request's queue receives when the API stops (EventHub.release): it answers at once.
+STOPPING: dict[str, Any] = {"kind": "stopping"}
 
 
 class EventHub:
@@ -30,6 +32,7 @@ class EventHub:
         self._waiters: dict[str, dict[asyncio.Queue[dict[str, Any]], bool]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._released = False
         self.connected = asyncio.Event()
         # Told the model of each rollback or rollout event (api/versions.py reads its versions afresh at once).
         self.on_routing_change: Callable[[str], None] | None = None
@@ -48,12 +51,24 @@ class EventHub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def release(self) -> None:
+        """The API is stopping: every request waiting here gets ``STOPPING`` now, and one that begins to wait later at
+        once. uvicorn's stop waits for the open connections to close before it ends the app, and a request waiting
+        on an unfinished job held it until the supervisor killed the API, its client never answered at all."""
+        self._released = True
+        for waiters in self._waiters.values():
+            for queue in waiters:
+                queue.put_nowait(STOPPING)
+
     @contextlib.contextmanager
     def subscribe(self, job_id: str, *, ends_only: bool = False) -> Iterator[asyncio.Queue[dict[str, Any]]]:
         """A queue that receives the events of ``job_id`` while the block runs: every one, or with
-        ``ends_only`` just the terminal ones (a request waiting for the result is not woken by "started")."""
+        ``ends_only`` just the terminal ones (a request waiting for the result is not woken by "started"); and
+        ``STOPPING`` once the API stops."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._waiters.setdefault(job_id, {})[queue] = ends_only
+        if self._released:
+            queue.put_nowait(STOPPING)
         try:
             yield queue
         finally:

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
+import redis.connection
 import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -180,6 +181,31 @@ def _data_options(target: Target, timeout_s: float) -> dict[str, Any]:
     return options
 
 
+class SentinelConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's connection to a Sentinel group's primary, dropped when a read fails, as a plain connection is.
+
+    redis-py's plain connection disconnects when a read is cut short (a timeout, or an exception a signal handler
+    raises: RQ's stop raises one into a worker's blocking pop); its Sentinel connection does not by default, so the
+    connection went back to its pool with the cut command's reply still to come, and the next command on it read
+    that reply as its own (the stop's ``register_death`` pipeline: "Wrong number of response items from pipeline
+    execution"). A caller that means to keep the connection (pub/sub's reads) still says so."""
+
+    def read_response(
+        self,
+        disable_decoding: bool = False,
+        *,
+        disconnect_on_error: bool | None = True,
+        push_request: bool | None = False,
+    ) -> Any:
+        return super().read_response(
+            disable_decoding=disable_decoding, disconnect_on_error=disconnect_on_error, push_request=push_request
+        )
+
+
+class SentinelSSLConnection(SentinelConnection, redis.connection.SSLConnection):
+    """``SentinelConnection`` over TLS (``rediss+sentinel://``)."""
+
+
 def connect(url: str, timeout_s: float, **extra: Any) -> redis.Redis:
     """A synchronous client (workers, the API's threadpool paths, the CLI)."""
     target = parse(url)
@@ -188,7 +214,8 @@ def connect(url: str, timeout_s: float, **extra: Any) -> redis.Redis:
     sentinel = redis.sentinel.Sentinel(
         list(target.sentinels), sentinel_kwargs=_sentinel_options(target, timeout_s), **_data_options(target, timeout_s)
     )
-    return sentinel.master_for(target.service, **extra)
+    connection_class = SentinelSSLConnection if target.ssl else SentinelConnection
+    return sentinel.master_for(target.service, connection_class=connection_class, **extra)
 
 
 def async_pool(url: str, timeout_s: float, max_connections: int) -> redis.asyncio.ConnectionPool:

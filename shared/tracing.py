@@ -15,6 +15,7 @@ job was taken up again.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("http/protobuf", "grpc")
 SYSTEM = "inferq"
+# At exit the spans still buffered get this long to reach the collector; what it has not taken by then is dropped.
+# The SDK's own exit waits for its export thread up to 30 s, each export retried for OTEL_EXPORTER_OTLP_TIMEOUT (10 s):
+# with the collector down, black-holed, answering 503 or slow, a worker took 25-30 s to stop instead of 0.2 s.
+FLUSH_AT_EXIT_S = 2.0
 
 # The SDK's tracer once ``setup`` turned tracing on; None while it is off.
 _tracer: Any = None
@@ -91,19 +96,30 @@ def setup(component: str) -> bool:
     if not TraceSettings().service_name:
         attributes[SERVICE_NAME] = f"inferq-{component}"
     # The sampler is the SDK's from OTEL_TRACES_SAMPLER: by default parent-based, so a caller's decision holds.
-    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_id_generator())
+    provider = TracerProvider(
+        resource=Resource.create(attributes), id_generator=_id_generator(), shutdown_on_exit=False
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _provider, _tracer = provider, provider.get_tracer("inferq")
+    atexit.register(shutdown)  # in the SDK's stead: bounded
     _log_ids()
     log.info("tracing on: OTLP %s, service %s", chosen, provider.resource.attributes.get(SERVICE_NAME))
     return True
 
 
-def shutdown() -> None:
-    """Send what is buffered (a process about to exit)."""
-    if _provider is not None:
-        _provider.shutdown()
+def shutdown(timeout_s: float = FLUSH_AT_EXIT_S) -> None:
+    """Send what is buffered (a process about to exit), for at most ``timeout_s``: what the collector has not taken by
+    then is dropped, said in one line."""
+    if _provider is None:
+        return
+    flush = threading.Thread(target=_provider.shutdown, name="inferq-tracing-flush", daemon=True)
+    flush.start()
+    flush.join(timeout_s)
+    if flush.is_alive():
+        log.warning("tracing: the OTLP collector did not take the last spans within %g s; they are dropped", timeout_s)
+        # The SDK's export thread is left to the exit (a daemon thread): what it would still say of them is said.
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
 
 
 def span_processors() -> int:

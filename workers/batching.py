@@ -48,7 +48,7 @@ from inferq.workers import traces
 from inferq.workers.cpu_threads import tuner_for
 from inferq.workers.fill import policy_for
 from inferq.workers.lanes import LanePolicy
-from inferq.workers.outage import Outage, register_through
+from inferq.workers.outage import CommandChannel, Outage, register_through
 from inferq.workers.outcomes import chunk_outcome, outcome_of
 from inferq.workers.prefetch import Prefetcher
 from inferq.workers.running import (
@@ -109,6 +109,7 @@ class BatchWorker(SimpleWorker):
         # finisher thread's own backoffs.
         self.outage = Outage(f"worker {self.name}")
         self._finish_outage = Outage(f"worker {self.name} (storing results)")
+        self._commands = CommandChannel(f"worker {self.name}")
         # How long a batch waits for more jobs once it holds what waits (workers/fill.py), per model.
         wait_policy = batch_wait or settings.batch_wait
         self.fill = {model: policy_for(wait_policy, max_wait_ms, model) for model in runners}
@@ -233,6 +234,9 @@ class BatchWorker(SimpleWorker):
         """RQ's channel for `rq` commands (stop, kill the running job), waited for through an outage."""
         self.outage.wait(super().subscribe, "subscribing to its command channel")
 
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+        self._commands.lost(exc, pubsub)  # RQ's logged an ERROR every 2 s of an outage
+
     def teardown(self) -> None:
         """RQ registers the worker's death here: the last batch's results are stored first."""
         try:
@@ -287,6 +291,10 @@ class BatchWorker(SimpleWorker):
                 # A burst or a draining worker ends at an empty queue; any other waits for work, saying so.
                 if claimed is None and timeout is not None and not self.draining:
                     self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+                    # A stop asked while it still said busy (a batch had just ended) was only noted: RQ looks at it
+                    # after this returns, and waiting for a job first held the stop until one came.
+                    if self._stop_requested:
+                        return None
                     claimed = self._claim(timeout)
                 self.outage.ok()
                 if claimed is None:

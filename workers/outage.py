@@ -75,6 +75,34 @@ class Outage:
             return result
 
 
+class CommandChannel:
+    """How a worker's RQ command channel (the pub/sub thread that hears `rq` stop and kill commands) waits out Redis.
+
+    RQ's own handler logged an ERROR and tried again every 2 s for as long as Redis could not be reached: through a
+    Sentinel failover's whole window, from every worker and the webhook sender, while their main loops waited it out
+    with one line. Here it is one line when lost and one when back, on the main loop's backoff; the thread subscribes
+    again by itself once it reconnects (redis-py's on-connect callback), to a Sentinel group's new primary too.
+    """
+
+    def __init__(self, who: str) -> None:
+        self.outage = Outage(f"{who} (command channel)")
+
+    def lost(self, exc: BaseException, pubsub: Any) -> None:
+        """The pub/sub thread's exception handler: an unavailable Redis is waited out, anything else ends it."""
+        if not isinstance(exc, redis.exceptions.RedisError) or not is_unavailable(exc):
+            log.warning("%s: stops listening for commands on %s", self.outage.who, exc)
+            raise exc
+        time.sleep(self.outage.saw(exc, "listening for commands"))
+        try:
+            if pubsub.connection is not None:
+                pubsub.connection.connect()
+        except redis.exceptions.RedisError as again:
+            if not is_unavailable(again):
+                raise
+            return  # the thread's next read meets it again, and comes back here
+        self.outage.ok()
+
+
 def register_through(outage: Outage, worker: Any, birth: Callable[[], None], then: Callable[[], None]) -> None:
     """RQ's ``register_birth`` (``birth``), then ``then``, tried until Redis takes both, each try's birth kept.
 

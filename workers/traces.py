@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis import Redis
 
@@ -19,7 +19,9 @@ from inferq.shared import keys, tracing
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.lifecycle.info import F
 from inferq.shared.settings import Settings
-from inferq.workers.running import BatchReport, Item, ModelRunner
+
+if TYPE_CHECKING:  # names only: workers.running imports torch, and the webhook sender imports this module
+    from inferq.workers.running import BatchReport, Item, ModelRunner
 
 log = logging.getLogger(__name__)
 LOST = "the worker running it stopped before the job ended; the job was run again"

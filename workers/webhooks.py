@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -30,6 +31,8 @@ import httpx
 import redis
 from redis import Redis
 from rq import Queue, get_current_job
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.exceptions import DequeueTimeout
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
@@ -44,7 +47,8 @@ from inferq.shared.settings import Settings, get_settings
 from inferq.shared.urls import IPAddress, check_addresses, resolve_in_time, webhook_origin
 from inferq.shared.view import encode_view
 from inferq.workers import traces
-from inferq.workers.outage import Outage, register_through
+from inferq.workers.outage import CommandChannel, Outage, register_through
+from inferq.workers.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {408, 429}
@@ -349,6 +353,7 @@ class WebhookWorker(SimpleWorker):
         self.settings = settings
         # Redis being down, full, busy or demoted is waited out (workers/outage.py), never a reason to quit.
         self.outage = Outage(f"webhook sender {self.name}")
+        self._commands = CommandChannel(f"webhook sender {self.name}")
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.settings.heartbeat_ttl_s
@@ -371,22 +376,69 @@ class WebhookWorker(SimpleWorker):
     def run_maintenance_tasks(self) -> None:
         self.outage.skip(super().run_maintenance_tasks, "running maintenance")
 
-    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+        self._commands.lost(exc, pubsub)  # RQ's logged an ERROR every 2 s of an outage
+
+    def _start_scheduler(
+        self,
+        burst: bool = False,
+        logging_level: str | None = "INFO",
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
+        """RQ's, with a scheduler that waits out an unavailable Redis (workers/scheduler.py) where RQ's died."""
+        scheduler = Scheduler(
+            self.queues,
+            connection=self.connection,
+            logging_level=logging_level if logging_level is not None else self.log.level,
+            date_format=date_format,
+            log_format=log_format,
+            serializer=self.serializer,
+        )
+        self.scheduler = scheduler
         # RQ takes its scheduler locks before its loop, outside every hook above: a sender that started while Redis
         # was full or busy quit there. Skipped, the scheduler (retries) is started by maintenance once Redis is back.
-        self.outage.skip(lambda: super(WebhookWorker, self)._start_scheduler(*args, **kwargs), "starting its scheduler")
+        self.outage.skip(lambda: scheduler.take_up(burst), "starting its scheduler")
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        """RQ's dequeue, waiting out an unavailable Redis (RQ's own retries only a refused connection)."""
+        """RQ's dequeue (its heartbeat, maintenance, then a blocking pop), waiting out an unavailable Redis.
+
+        RQ's own loop retried a refused connection itself, with an ERROR line each time (a failover's whole window),
+        and ended the process on anything else Redis said; here either is one line when lost and one when back.
+        """
+        self.outage.skip(lambda: self.set_state(WorkerStatus.IDLE), "saying it is idle")
+        self.procline(f"Listening on {','.join(self.queue_names())}")
+        idle_since = time.monotonic()
         while True:
+            if timeout is not None and max_idle_time is not None:
+                timeout = max(1, min(timeout, math.ceil(max_idle_time - (time.monotonic() - idle_since))))
             try:
-                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                self.heartbeat()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                result = self.queue_class.dequeue_any(
+                    self._ordered_queues,
+                    timeout,
+                    connection=self.connection,
+                    job_class=self.job_class,
+                    serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class,
+                )
+            except DequeueTimeout:
+                if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    return None
+                continue
             except redis.exceptions.RedisError as exc:
                 if not is_unavailable(exc):
                     raise
                 time.sleep(self.outage.saw(exc, "waiting for webhooks"))
                 continue
             self.outage.ok()
+            if result is not None:
+                job, queue = result
+                self.reorder_queues(reference_queue=queue)
+                self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+            self.heartbeat()
             return result
 
     def teardown(self) -> None:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferq.api.auth import Owner, require_key, submitted_by
 from inferq.api.deps import VERSION_DOC, AppState, Pinned, Routed, Shard, State, routed_model, state_of
+from inferq.api.events import STOPPING
 from inferq.api.inputs import parse_submission, prefer_wait, read_body
 from inferq.api.schemas import ERRORS, request_body
 from inferq.shared import keys, shards, tracing
@@ -95,6 +96,8 @@ async def _until_end(
         try:
             async with asyncio.timeout(min(left, RECHECK_S)):  # no task per wait, as wait_for makes
                 event = await events.get()
+            if event is STOPPING:  # the API stops: answered now, as a wait that ran out is (a submit by its 202)
+                return None if view is None else await _view(state, job_id, owner)
             if event.get("status") not in TERMINAL:
                 continue
             carried = view_from_event(event, job_id, *known)
@@ -235,9 +238,12 @@ async def job_events(job_id: str, request: Request, state: State, owner: Owner) 
                 if await request.is_disconnected():
                     return
                 try:
-                    await asyncio.wait_for(events.get(), timeout=SSE_KEEPALIVE_S)
+                    event = await asyncio.wait_for(events.get(), timeout=SSE_KEEPALIVE_S)
                 except TimeoutError:
                     yield ": keep-alive\n\n"
+                else:
+                    if event is STOPPING:  # the API stops: the stream ends (an EventSource connects again by itself)
+                        return
                 view = await _view(state, job_id, owner)
                 if view["status"] != last:
                     last = view["status"]

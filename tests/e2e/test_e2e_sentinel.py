@@ -4,21 +4,28 @@ itself after a failover, and ``rq info`` reads the group through inferq's rq con
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
 import pytest
 import redis as redis_py
+from rq.scheduler import SCHEDULER_KEY_TEMPLATE, SCHEDULER_LOCKING_KEY_TEMPLATE
+from rq.utils import utcparse
 
-from inferq.shared import connections
+from inferq.shared import connections, keys
+from inferq.shared.jobs import utcnow
 from inferq.shared.redis_server import free_port
 from tests.support.ha import SERVICE, SentinelGroup
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
 from tests.support.waiting import wait_until
+from tests.support.webhooks import Receiver
 
 pytestmark = pytest.mark.timeout(300)
 ENV = {"INFERQ_REDIS_TIMEOUT_S": "1", "INFERQ_WORKER_TTL_S": "16"}
@@ -133,3 +140,94 @@ def test_rq_dashboard_serves_a_sentinel_group_and_follows_its_failover(tmp_path:
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=10)
+
+
+class Interrupted(Exception):
+    """What a signal handler raises into a blocking read, as RQ's stop raises StopRequested into a worker's pop."""
+
+
+def test_a_read_cut_short_on_a_sentinel_connection_leaves_no_reply_for_the_next_command(tmp_path: Path) -> None:
+    """The connection of a blocking pop cut short by a signal is dropped, not handed to the next command with the
+    pop's reply still to come: the worker's and the sender's stop (RQ's register_death pipeline) failed on it."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    with SentinelGroup(tmp_path / "ha", replicas=1) as group, connections.connect(group.url, 5.0) as client:
+        client.ping()
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                client.blpop(["nothing-arrives"], timeout=2)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        with client.pipeline() as pipeline:
+            pipeline.set("after", "1")
+            pipeline.get("after")
+            assert pipeline.execute() == [True, b"1"]
+
+
+def _scheduler(client: redis_py.Redis) -> tuple[int, datetime] | None:
+    """The webhook sender's scheduler as its hash tells it: its PID and last heartbeat; None before it registered."""
+    owner = client.get(SCHEDULER_LOCKING_KEY_TEMPLATE % keys.WEBHOOK_QUEUE)
+    if owner is None:
+        return None
+    found = client.hgetall(SCHEDULER_KEY_TEMPLATE % owner.decode())
+    if b"pid" not in found or b"last_heartbeat" not in found:
+        return None
+    return int(found[b"pid"]), utcparse(found[b"last_heartbeat"].decode())
+
+
+def test_a_primary_killed_and_left_down_is_waited_out_in_silence_and_the_stop_after_is_clean(tmp_path: Path) -> None:
+    """The primary SIGKILLed and never started again: every process follows the sentinels to the new primary with one
+    line when Redis is lost and one when it is back. No ERROR from RQ's command channel or the sender's dequeue (RQ
+    logged one every 2 s of the outage), no death of the sender's scheduler (RQ's ended at its first heartbeat that
+    met the outage, with a traceback), and no traceback at the stop (register_death's pipeline)."""
+    hooks = Receiver(statuses=[204])
+    with (
+        SentinelGroup(tmp_path / "ha", replicas=2) as group,
+        serving(new_stack(tmp_path, server=group.servers[0], redis_url=group.url, **ENV)) as stack,
+    ):
+        stack.start_api()
+        stack.start_worker("slow", name="worker")
+        stack.start("webhooks", name="webhooks")
+        stack.wait_for_worker("slow")
+        with connections.connect(group.url, 2.0) as client:
+            wait_until(lambda: _scheduler(client) is not None, 60, "the webhook scheduler to register")
+            found = _scheduler(client)
+            assert found is not None
+            scheduler_pid = found[0]
+
+        old = group.kill_primary()
+        group.wait_for_new_primary(old)
+        failed_over_at = utcnow()
+        # The worker and the sender both serve on the new primary: a job runs, and its webhook is delivered.
+        wait_until(lambda: submit(stack, 2.0).status_code == 202, 30, "a submit on the new primary")
+        body = {"inputs": [4.0, 4.0], "webhook": hooks.url}
+        after = httpx.post(f"{stack.base}/v1/models/slow/jobs", json=body, headers={"Prefer": "wait=30"}, timeout=40)
+        assert after.status_code == 200 and after.json()["result"] == {"output": [4.0, 4.0]}, after.text
+        wait_until(lambda: len(hooks.deliveries) == 1, 60, "the job's webhook, sent after the failover")
+        with connections.connect(group.url, 2.0) as client:
+            assert client.info("server")["tcp_port"] != old
+            # The scheduler of before heartbeats on the new primary: the same process, not one started after a death.
+            wait_until(
+                lambda: (now := _scheduler(client)) is not None and now[1] > failed_over_at,
+                60,
+                "the scheduler's heartbeat on the new primary",
+            )
+            found = _scheduler(client)
+            assert found is not None and found[0] == scheduler_pid, stack.log_text()
+            # RQ's command channels (the worker's and the sender's) are subscribed on the new primary too.
+            wait_until(lambda: len(client.pubsub_channels("rq:pubsub:*")) == 2, 30, "both command channels on it")
+        stopped = list(zip(stack.procs, stack.logs, strict=True))
+        stack.stop_all()
+        for proc, log in stopped:
+            text = log.read_text(errors="replace")
+            if not log.name.startswith("api"):  # uvicorn ends by raising the SIGTERM it caught again
+                assert proc.returncode == 0, f"{log.name}: exit {proc.returncode}\n{text}"
+            assert " ERROR " not in text and "Traceback" not in text, f"{log.name}:\n{text}"
+        sender = next(log for _, log in stopped if log.name.startswith("webhooks")).read_text()
+        assert sender.count("Scheduler for inferq.webhooks started with PID") == 1, sender
+    hooks.close()

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,37 @@ def test_a_killed_stack_leaves_no_workers_or_scheduler_lock_behind_at_the_next_s
         client.close()
     assert "cleared what a run that did not stop left in Redis: workers slow." in up.log()
     assert up.ctrl_c() == 0
+
+
+def test_ctrl_c_answers_a_client_waiting_on_a_job_the_stop_leaves_queued(up: Up) -> None:
+    """The workers stop first, so a job queued behind the running batch stays queued; the API, stopped next, answers
+    its waiting client the 202 with the job's ID at once (it held the stop until the supervisor killed it, and the
+    client got no answer at all)."""
+    up.start()
+    url = f"{up.base}/v1/models/slow/jobs"
+    running = httpx.post(url, json={"inputs": [1, 2]}, timeout=10).json()["id"]
+    wait_until(lambda: _view(up, running)["status"] == "started", 30, "the batch to start")
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(url, json={"inputs": [3, 4]}, headers={"Prefer": "wait=60"}, timeout=120)
+        ),
+        daemon=True,
+    )
+    waiting.start()
+    client = redis_py.Redis.from_url(up.redis_url())
+    try:
+        wait_until(lambda: client.llen("rq:queue:inferq.slow") == 1, 30, "the waited job, queued behind the batch")
+        (queued,) = (job.decode() for job in client.lrange("rq:queue:inferq.slow", 0, -1))
+    finally:
+        client.close()
+
+    assert up.ctrl_c() == 0
+    waiting.join(timeout=30)
+    (answer,) = answers
+    assert answer.status_code == 202, answer.text
+    assert (answer.json()["id"], answer.json()["status"]) == (queued, "queued")
+    log = up.log()
+    assert " ERROR " not in log and "Traceback" not in log, log
+    assert "closing open requests" not in log, log  # no hurry was needed (the second SIGTERM)
+    assert "inferq stopped." in log

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,3 +323,44 @@ def test_tracing_off_runs_no_span_processor_and_never_imports_the_sdk(tmp_path: 
     for extra, printed in cases:
         out = subprocess.run([sys.executable, "-c", probe], env=env | extra, capture_output=True, text=True)
         assert out.stdout.strip() == printed, (extra, out.stdout, out.stderr[-2000:])
+
+
+@pytest.fixture(params=["refusing", "black-holed"])
+def unreachable_collector(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A collector's address that cannot take a span: nothing listens there, or it takes connections and never
+    answers (a frozen or black-holed collector)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        if request.param == "black-holed":
+            server.listen(64)  # connections complete in the backlog; none is ever accepted
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_a_worker_stops_at_once_when_the_collector_cannot_take_its_last_spans(
+    tmp_path: Path, unreachable_collector: str
+) -> None:
+    """At exit the buffered spans get FLUSH_AT_EXIT_S; the SDK alone waited for its export thread 30 s (each export
+    retried for OTEL_EXPORTER_OTLP_TIMEOUT, here two minutes, so the wait is the SDK's whole bound)."""
+    tracing_env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": unreachable_collector,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "120",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",  # the batch's spans still buffered at the stop
+    }
+    with serving(new_stack(tmp_path, INFERQ_TEST_SLOW_S="0")) as stack:
+        stack.start_api()
+        worker = stack.start_worker("slow", env=tracing_env)
+        stack.wait_for_worker("slow")
+        done = httpx.post(
+            f"{stack.base}/v1/models/slow/jobs", json={"inputs": [1, 2]}, headers={"Prefer": "wait=30"}, timeout=40
+        )
+        assert done.status_code == 200, done.text
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0  # a generous bound: 2 s of flush against the SDK's 30
+        log = stack.logs[stack.procs.index(worker)].read_text()
+    dropped = [line for line in log.splitlines() if "did not take the last spans" in line]
+    assert len(dropped) == 1, log
+    assert dropped[0].endswith(
+        "inferq.shared.tracing WARNING tracing: the OTLP collector did not take the last spans within 2 s; "
+        "they are dropped"
+    ), dropped
+    assert "Traceback" not in log, log

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import redis as redis_py
+from rq.exceptions import StopRequested
 from rq.utils import utcformat
 
 from inferq.shared import keys
@@ -425,3 +427,29 @@ def test_a_round_trip_count_leaves_out_a_new_connections_handshake(redis_url: st
         client.connection_pool.release(held)
         client.close()
     assert CountingConnection.sent - before == 1
+
+
+class _StopAfterTheBatch(BatchWorker):
+    """A first SIGTERM that lands just after a batch, before the worker's next look at its queues says it is idle:
+    RQ then only notes the stop (the worker still says busy), and ends it at its loop's next turn."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocking_claims: list[int | None] = []
+
+    def _claim(self, timeout: int | None) -> tuple[str, Any] | None:
+        if timeout is not None:  # it waits for a job now: the old code waited here, stop or not, until one came
+            self.blocking_claims.append(timeout)
+            raise StopRequested
+        if self.batches_run == 1 and not self._stop_requested:
+            self.request_stop(signal.SIGTERM, None)
+        return super()._claim(timeout)
+
+
+def test_a_stop_asked_as_a_batch_ends_is_not_held_until_the_next_job(redis: redis_py.Redis, settings: Settings) -> None:
+    job_id = submit_echo(redis, settings, [1.0, 2.0])
+    worker = _StopAfterTheBatch({"echo": echo_runner(4)}, connection=redis, settings=settings, name="stop-after")
+    worker.work()
+    assert worker.blocking_claims == []
+    assert get_job_view(redis, job_id)["status"] == "finished"
+    assert redis.smembers("rq:workers") == set()  # its death registered
