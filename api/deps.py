@@ -12,16 +12,25 @@ from fastapi import Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 from inferq.api.events import EventHub
 from inferq.api.versions import VersionRouter
 from inferq.shared import keys, shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
+from inferq.shared.keys import served_label, split_served
 from inferq.shared.lifecycle import layout
-from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs, repository_signature
+from inferq.shared.models import (
+    ModelConfig,
+    ModelRepository,
+    keep_last_good,
+    load_model_configs,
+    repository_signature,
+)
 from inferq.shared.settings import Settings
 from inferq.shared.tenants import Tenants
+from inferq.shared.versions import clear_rollout, read_rollout
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +87,42 @@ class AppState:
             return False
         self.signature = signature
         self.looked_at = 0.0  # a change found: the next miss may find another at once (a miss alone waits)
-        changes = await run_in_threadpool(self.reload)
-        told = ", ".join(f"{kind} {names}" for kind, names in changes.items() if names)
-        log.info("model repository changed: %s", told or "nothing new")
+        changes = await self.reread()
+        log.info("model repository changed: %s", described(changes))
         return True
+
+    async def reread(self) -> dict[str, list[str]]:
+        """``reload``, then clear each rollout set through the API that names a version the repository lost: it was
+        set for versions that are gone, and would stay in force over the config's for a month of reads (a version
+        named before it ever existed keeps its share waiting)."""
+        before = dict(self.models)
+        changes = await run_in_threadpool(self.reload)
+        removed: dict[str, set[int]] = {}
+        for served in changes["removed"]:
+            model, version = split_served(served)
+            removed.setdefault(model, set()).add(version)
+        for model, versions in sorted(removed.items()):
+            shard = self.for_model(next(c for c in before.values() if c.name == model))
+            try:
+                await _clear_rollout_naming(shard, model, versions)
+            except RedisError as exc:
+                log.warning("model %s: could not read or clear its rollout set through the API (%s)", model, exc)
+        return changes
 
     def reload(self) -> dict[str, list[str]]:
         """Read the model repository again (no restart): the served names added, removed and changed, and the ones
-        now invalid. Requests read ``models`` and ``versions`` afresh each time, so the next one sees the new set.
-        (Runs in a worker thread: it reads files.)"""
-        fresh = load_model_configs(self.settings.models_dir, self.settings.redis_shards)
+        now invalid. Requests read ``models`` and ``versions`` afresh each time, so the next one sees the new set. A
+        served version whose config turned invalid serves on as it was (``keep_last_good``), said in the log and
+        under ``invalid``. (Runs in a worker thread: it reads files.)"""
         old = self.models
+        fresh, kept = keep_last_good(load_model_configs(self.settings.models_dir, self.settings.redis_shards), old)
+        for name in kept:
+            if old.invalid.get(name) != fresh.invalid[name]:
+                log.warning(
+                    "model %s: its config is invalid now (%s); the config it had before serves until it is fixed",
+                    served_label(name),
+                    fresh.invalid[name],
+                )
         changes = {
             "added": sorted(set(fresh) - set(old)),
             "removed": sorted(set(old) - set(fresh)),
@@ -180,6 +214,31 @@ class AppState:
             if among is None or name in among:
                 out.setdefault(config.redis or shards.DEFAULT, []).append(name)
         return [(self.shards[shard], names) for shard, names in sorted(out.items())]
+
+
+def described(changes: dict[str, list[str]]) -> str:
+    """A reload's changes as a log line names them, each version said (``removed digits v1``)."""
+    told = "; ".join(f"{kind} {', '.join(map(served_label, names))}" for kind, names in changes.items() if names)
+    return told or "nothing new"
+
+
+async def _clear_rollout_naming(shard: Shard, model: str, gone: set[int]) -> None:
+    """Clear ``model``'s rollout set through the API if it names a version of ``gone``."""
+    override = await read_rollout(shard.aredis, model)
+    if override is None or override.unusable is not None:
+        return
+    named = set(override.traffic or {}) | ({override.ramp.version} if override.ramp is not None else set())
+    if not named & gone:
+        return
+    await clear_rollout(shard.aredis, model)
+    # Every API process reads the repository itself, and reads routing afresh after it did: no event is needed.
+    versions = ", ".join(str(v) for v in sorted(named & gone))
+    log.info(
+        "model %s: its rollout set through the API named version %s, which left the repository: cleared, its "
+        "config.json's holds",
+        model,
+        versions,
+    )
 
 
 def state_of(request: Request) -> AppState:

@@ -87,6 +87,8 @@ class Routing:
     told: dict[int, VersionState | None]
     rolled_back: dict[int, RolledBack]
     ramp_since: float | None  # when its ramp started counting: its version first served, or (set later) was set
+    # Why the rollout stored through the API cannot be used (the config's holds meanwhile), or None.
+    unusable: str | None = None
 
     def shares(self, versions: dict[int, ModelConfig], serving: set[int]) -> dict[int, float]:
         since = None if self.ramp_since is None else time.time() - self.ramp_since
@@ -105,6 +107,9 @@ async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]
         read_states(client, served), read_rollbacks(client, served), read_rollout(client, model)
     )
     configured = versions[max(versions)].rollout
+    unusable = override.unusable if override is not None else None
+    if unusable is not None:
+        override = None
     rollout = configured if override is None else override.over(configured)
     ramp = rollout.ramp if rollout is not None else None
     since = None
@@ -119,6 +124,7 @@ async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]
         {v: told[c.served] for v, c in versions.items()},
         {v: r for v, c in versions.items() if (r := rollbacks[c.served]) is not None},
         since,
+        unusable,
     )
 
 

@@ -497,7 +497,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 why = f" ({v.reason})" if v.reason else ""
                 print(f"  version {v.version:<4} {v.state}{why}  share={v.share:g}%  workers={v.workers}{back}")
     for left_out in invalid:
-        print(f"{left_out.name:<20} not served: {left_out.error}")
+        said = "invalid, its last good config serves" if left_out.serving else "not served"
+        print(f"{left_out.name:<20} {said}: {left_out.error}")
     return 0
 
 

@@ -13,12 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.json_schema import SkipJsonSchema
 
 from inferq.api.auth import require_key
-from inferq.api.deps import AppState, Model, State
+from inferq.api.deps import AppState, Model, State, described
 from inferq.api.schemas import ERRORS, ModelPublic
 from inferq.api.versions import NO_ROUTING, Routing, read_routing
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
-from inferq.shared.models import VERSION_RE, ModelConfig, Ramp
+from inferq.shared.models import MAX_ENTRIES, VERSION_RE, ModelConfig, Ramp
 from inferq.shared.versions import RolledBack, VersionState, clear_rollout, restore, set_rollout
 
 log = logging.getLogger(__name__)
@@ -57,19 +57,23 @@ class RolloutView(BaseModel):
     set_by: Literal["config", "api"]
     # When the ramp started counting: its version first served (or, for one set later, when it was set).
     ramp_started_at: str | None = None
+    # Why the rollout stored through the API cannot be used (stored by another version of inferq, or out of bounds):
+    # the config's holds until DELETE clears it.
+    unusable: str | None = None
 
 
 # A version as a traffic key: what a version folder is named (1, 2, ...).
 VersionKey = Annotated[str, StringConstraints(pattern=VERSION_RE.pattern)]
 # Percent of unpinned submits; a version that takes none is left out.
-Share = Annotated[float, Field(gt=0, le=100)]
+Share = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
 
 
 def _some_versions_only(schema: dict[str, Any]) -> None:
-    """Traffic's schema as it is checked: pydantic writes a dict's min_length as minLength, which means nothing for
-    an object (schemathesis then sends {} as valid); and no key but a version's."""
+    """Traffic's schema as it is checked: pydantic writes a dict's min_length and max_length as minLength and
+    maxLength, which mean nothing for an object (schemathesis then sends {} as valid); and no key but a version's."""
     schema.pop("minLength", None)
-    schema |= {"minProperties": 1, "additionalProperties": False}
+    schema.pop("maxLength", None)
+    schema |= {"minProperties": 1, "maxProperties": MAX_ENTRIES, "additionalProperties": False}
 
 
 class RolloutUpdate(BaseModel):
@@ -83,7 +87,7 @@ class RolloutUpdate(BaseModel):
     # its share once it serves.
     traffic: Annotated[
         dict[VersionKey, Share] | SkipJsonSchema[None],
-        Field(min_length=1, json_schema_extra=_some_versions_only),
+        Field(min_length=1, max_length=MAX_ENTRIES, json_schema_extra=_some_versions_only),
     ] = None
     # A version's share stepped up over time, e.g. {"version": 2, "steps": [10, 50, 100], "interval_s": 600}.
     ramp: Ramp | SkipJsonSchema[None] = None
@@ -120,6 +124,9 @@ class ModelServed(ModelPublic):
 class InvalidModel(BaseModel):
     name: str
     error: str
+    # Served all the same: its config turned invalid while it served, and its last good config serves until the
+    # file is fixed (false: never loaded, not served).
+    serving: bool = False
 
 
 class ModelListing(BaseModel):
@@ -182,6 +189,7 @@ def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing
             ramp=routing.rollout.ramp if routing.rollout is not None else None,
             set_by=routing.set_by,
             ramp_started_at=_iso(routing.ramp_since),
+            unusable=routing.unusable,
         ),
     )
 
@@ -249,7 +257,9 @@ async def list_models(state: State) -> ModelListing:
     out."""
     return ModelListing(
         models=await _served(state, sorted(set(state.models.models()) | {c.name for c in state.retired.values()})),
-        invalid=[InvalidModel(name=n, error=e) for n, e in sorted(invalid_models(state).items())],
+        invalid=[
+            InvalidModel(name=n, error=e, serving=n in state.models) for n, e in sorted(invalid_models(state).items())
+        ],
     )
 
 
@@ -266,8 +276,8 @@ async def reload_models(state: State) -> Reloaded:
     """Read the model repository again now, as the API also does by itself when it changes (INFERQ_MODELS_POLL_S):
     new models and versions are served, removed ones refused, without a restart. Workers are started apart
     (`inferq up` does it; elsewhere, start `inferq worker --model NAME` for each new one)."""
-    changes = await run_in_threadpool(state.reload)
-    log.info("model repository read again by request: %s", changes)
+    changes = await state.reread()
+    log.info("model repository read again by request: %s", described(changes))
     return Reloaded(**changes)
 
 
