@@ -16,11 +16,11 @@ from redis.exceptions import RedisError
 
 from inferq.api.events import EventHub
 from inferq.api.versions import VersionRouter
-from inferq.shared import keys, shards
+from inferq.shared import connections, keys, shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
 from inferq.shared.keys import served_label, split_served
-from inferq.shared.lifecycle import layout
+from inferq.shared.lifecycle import census, layout
 from inferq.shared.models import (
     ModelConfig,
     ModelRepository,
@@ -56,6 +56,16 @@ class Shard:
 
 
 @dataclass
+class Counts:
+    """Served names' queue lengths per lane and live workers, as their Redis deployments answered (``AppState.counts``);
+    ``unavailable``: the names whose Redis could not be read, with why."""
+
+    lengths: dict[str, dict[str, int]]
+    workers: dict[str, int]
+    unavailable: dict[str, str]
+
+
+@dataclass
 class AppState:
     """Everything a request needs, built once in the app's lifespan."""
 
@@ -72,7 +82,7 @@ class AppState:
     retired: dict[str, ModelConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.versions = VersionRouter(self.models)
+        self.versions = VersionRouter(self.models, self.settings.worker_ttl_s)
 
     async def look_again(self, at_most_every_s: float = 0.0) -> bool:
         """Read the repository again if it changed since the last look (a few stat calls in the threadpool; no more
@@ -133,7 +143,7 @@ class AppState:
             self.retired |= {name: old[name] for name in changes["removed"]}
             for name in fresh:
                 self.retired.pop(name, None)
-            self.models, self.versions = fresh, VersionRouter(fresh)
+            self.models, self.versions = fresh, VersionRouter(fresh, self.settings.worker_ttl_s)
         return changes
 
     def config_of(self, name: str) -> ModelConfig:
@@ -141,48 +151,65 @@ class AppState:
         return self.models[name] if name in self.models else self.retired[name]
 
     def forget_drained(self) -> list[str]:
-        """Stop listing removed names that no worker serves any more and whose queues are empty: those forgotten.
-        (Runs in a worker thread: it reads Redis on the sync clients.)"""
+        """Stop listing removed names that no worker serves any more and whose queues are empty: those forgotten
+        (one on a Redis that cannot be read now stays listed). (Runs in a worker thread: it reads Redis on the sync
+        clients.)"""
         names = sorted(self.retired)
         if not names:
             return []
-        lengths, workers = self.queue_lengths(names), self.live_workers(names)
-        done = [n for n in names if not workers[n] and not sum(lengths[n].values())]
+        counts = self.counts(names)
+        done = [n for n in counts.workers if not counts.workers[n] and not sum(counts.lengths[n].values())]
         for name in done:
             self.retired.pop(name, None)
         return done
 
-    def queue_lengths(self, names: list[str]) -> dict[str, dict[str, int]]:
-        """Each served name's queue length per lane, read from the Redis that carries it: one round trip each."""
-        by_name: dict[str, dict[str, int]] = {}
+    def counts(self, names: list[str]) -> Counts:
+        """Each served name's queue length per lane and live workers, read from the Redis that carries it (three
+        round trips per Redis, whatever the number of names); the names on a Redis other than the default one that
+        cannot be read now are ``unavailable`` instead (the default one's failure is the route's own: 503)."""
+        counts = Counts({}, {}, {})
         for shard, mine in self.placed(names):
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for name in mine:
-                    for lane in keys.LANES:
-                        pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
-                flat = [int(n) for n in pipe.execute()]
-            lanes = len(keys.LANES)
-            for at, name in zip(range(0, len(flat), lanes), mine, strict=True):
-                by_name[name] = dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
-        return by_name
+            try:
+                lengths, workers = self._lengths_on(shard, mine), self._live_on(shard, mine)
+            except RedisError as exc:
+                if shard.name == shards.DEFAULT or not connections.is_unavailable(exc):
+                    raise
+                why = f"its Redis ({shard.name!r}) is unavailable: {connections.why_unavailable(exc)}"
+                counts.unavailable |= dict.fromkeys(mine, why)
+                continue
+            counts.lengths |= lengths
+            counts.workers |= workers
+        return counts
 
-    def live_workers(self, names: list[str]) -> dict[str, int]:
-        """How many workers RQ has registered on each served name's queue whose hash still exists, counted as
-        routing counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number
-        of names."""
-        counts: dict[str, int] = {}
-        for shard, mine in self.placed(names):
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for name in mine:
-                    pipe.smembers(layout.workers_key(keys.queue_name(name)))
-                registered = pipe.execute()
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for workers in registered:
-                    if workers:
-                        pipe.exists(*workers)
-                alive = iter(pipe.execute())
-            counts |= {n: int(next(alive)) if workers else 0 for n, workers in zip(mine, registered, strict=True)}
-        return {name: counts.get(name, 0) for name in names}
+    def _lengths_on(self, shard: Shard, names: list[str]) -> dict[str, dict[str, int]]:
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                for lane in keys.LANES:
+                    pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
+            flat = [int(n) for n in pipe.execute()]
+        lanes = len(keys.LANES)
+        return {
+            name: dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
+            for at, name in zip(range(0, len(flat), lanes), names, strict=True)
+        }
+
+    def _live_on(self, shard: Shard, names: list[str]) -> dict[str, int]:
+        """How many workers RQ has registered on each name's queue that sent a heartbeat within their TTL, counted
+        as routing counts them (api/versions.py ``live_workers_async``). A killed worker's hash outlives it by a
+        minute and more: counted by its mere existence, a version whose draining worker was killed read as served."""
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.smembers(layout.workers_key(keys.queue_name(name)))
+            registered = pipe.execute()
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for workers in registered:
+                for worker in workers:
+                    pipe.hget(worker, census.HEARTBEAT)
+            beats = iter(pipe.execute())
+        within_s = self.settings.worker_ttl_s
+        return {
+            n: census.live_count([next(beats) for _ in ws], within_s) for n, ws in zip(names, registered, strict=True)
+        }
 
     @property
     def home(self) -> Shard:

@@ -194,11 +194,6 @@ def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing
     )
 
 
-def _status(state: AppState, names: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """Each served name's queue length per lane, read from the Redis that carries it, and its live workers."""
-    return state.queue_lengths(names), state.live_workers(names)
-
-
 def _draining(config: ModelConfig, lengths: dict[str, int], workers: int) -> VersionServed:
     """A version removed from the repository while its workers still serve its queued jobs (it takes no new one)."""
     if workers:
@@ -218,10 +213,16 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
         m: {c.version: c for c in state.retired.values() if c.name == m and c.version not in current[m]} for m in models
     }
     served = [c.served for m in models for c in (current[m] | removed[m]).values()]
-    by_served, workers = await run_in_threadpool(_status, state, served)
+    counts = await run_in_threadpool(state.counts, served)
+    by_served, workers = counts.lengths, counts.workers
     out = []
     for model in models:
         configs = current[model]
+        # A model's versions share one Redis: one that cannot be read now is listed unavailable, the rest as read.
+        why = counts.unavailable.get(next(iter((configs | removed[model]).values())).served)
+        if why is not None:
+            out.append(_unreachable(configs or removed[model], why))
+            continue
         gone = [
             _draining(c, by_served[c.served], workers[c.served])
             for c in removed[model].values()
@@ -249,6 +250,17 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
         versions = sorted(versions + gone, key=lambda v: v.version)
         out.append(_public(configs[max(configs)], versions, routing))
     return out
+
+
+def _unreachable(configs: dict[int, ModelConfig], why: str) -> ModelServed:
+    """A model whose Redis cannot be read now: each version unavailable, saying why (its config's rollout shown)."""
+    empty = dict.fromkeys(keys.LANES, 0)
+    versions = [
+        VersionServed(version=v, state="unavailable", reason=why, share=0.0, workers=0, queue_lengths=empty)
+        for v in sorted(configs)
+    ]
+    configured = configs[max(configs)]
+    return _public(configured, versions, Routing(configured.rollout, "config", {}, {}, None))
 
 
 @router.get("", response_model=ModelListing)
