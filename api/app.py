@@ -32,6 +32,7 @@ from inferq.shared import connections, tracing
 from inferq.shared.errors import ConfigError
 from inferq.shared.gc_tuning import tune_for_serving
 from inferq.shared.jobs import QueueCache
+from inferq.shared.keys import served_label
 from inferq.shared.metrics import RequestCounts
 from inferq.shared.models import load_model_configs, repository_signature
 from inferq.shared.redis_server import die_with_parent
@@ -212,7 +213,9 @@ async def _watch_models(state: AppState) -> None:
                 log.warning("could not read whether removed models still drain (%s); the next look asks again", exc)
             else:
                 for name in drained:
-                    log.info("model %s: removed from the repository and drained: no worker serves it", name)
+                    log.info(
+                        "model %s: removed from the repository and drained: no worker serves it", served_label(name)
+                    )
 
 
 async def _open_shard(name: str, url: str, settings: Settings) -> Shard:

@@ -12,17 +12,26 @@ from fastapi import Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 from inferq.api.auth import Owner
 from inferq.api.events import EventHub
 from inferq.api.versions import VersionRouter
-from inferq.shared import keys, shards
+from inferq.shared import connections, keys, shards
 from inferq.shared.errors import NotFound
 from inferq.shared.jobs import QueueCache
-from inferq.shared.lifecycle import layout
-from inferq.shared.models import ModelConfig, ModelRepository, load_model_configs, repository_signature
+from inferq.shared.keys import served_label, split_served
+from inferq.shared.lifecycle import census, layout
+from inferq.shared.models import (
+    ModelConfig,
+    ModelRepository,
+    keep_last_good,
+    load_model_configs,
+    repository_signature,
+)
 from inferq.shared.settings import Settings
 from inferq.shared.tenants import Tenants
+from inferq.shared.versions import clear_rollout, read_rollout
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,16 @@ class Shard:
 
 
 @dataclass
+class Counts:
+    """Served names' queue lengths per lane and live workers, as their Redis deployments answered (``AppState.counts``);
+    ``unavailable``: the names whose Redis could not be read, with why."""
+
+    lengths: dict[str, dict[str, int]]
+    workers: dict[str, int]
+    unavailable: dict[str, str]
+
+
+@dataclass
 class AppState:
     """Everything a request needs, built once in the app's lifespan."""
 
@@ -64,7 +83,7 @@ class AppState:
     retired: dict[str, ModelConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.versions = VersionRouter(self.models)
+        self.versions = VersionRouter(self.models, self.settings.worker_ttl_s)
 
     async def look_again(self, at_most_every_s: float = 0.0) -> bool:
         """Read the repository again if it changed since the last look (a few stat calls in the threadpool; no more
@@ -79,17 +98,42 @@ class AppState:
             return False
         self.signature = signature
         self.looked_at = 0.0  # a change found: the next miss may find another at once (a miss alone waits)
-        changes = await run_in_threadpool(self.reload)
-        told = ", ".join(f"{kind} {names}" for kind, names in changes.items() if names)
-        log.info("model repository changed: %s", told or "nothing new")
+        changes = await self.reread()
+        log.info("model repository changed: %s", described(changes))
         return True
+
+    async def reread(self) -> dict[str, list[str]]:
+        """``reload``, then clear each rollout set through the API that names a version the repository lost: it was
+        set for versions that are gone, and would stay in force over the config's for a month of reads (a version
+        named before it ever existed keeps its share waiting)."""
+        before = dict(self.models)
+        changes = await run_in_threadpool(self.reload)
+        removed: dict[str, set[int]] = {}
+        for served in changes["removed"]:
+            model, version = split_served(served)
+            removed.setdefault(model, set()).add(version)
+        for model, versions in sorted(removed.items()):
+            shard = self.for_model(next(c for c in before.values() if c.name == model))
+            try:
+                await _clear_rollout_naming(shard, model, versions)
+            except RedisError as exc:
+                log.warning("model %s: could not read or clear its rollout set through the API (%s)", model, exc)
+        return changes
 
     def reload(self) -> dict[str, list[str]]:
         """Read the model repository again (no restart): the served names added, removed and changed, and the ones
-        now invalid. Requests read ``models`` and ``versions`` afresh each time, so the next one sees the new set.
-        (Runs in a worker thread: it reads files.)"""
-        fresh = load_model_configs(self.settings.models_dir, self.settings.redis_shards)
+        now invalid. Requests read ``models`` and ``versions`` afresh each time, so the next one sees the new set. A
+        served version whose config turned invalid serves on as it was (``keep_last_good``), said in the log and
+        under ``invalid``. (Runs in a worker thread: it reads files.)"""
         old = self.models
+        fresh, kept = keep_last_good(load_model_configs(self.settings.models_dir, self.settings.redis_shards), old)
+        for name in kept:
+            if old.invalid.get(name) != fresh.invalid[name]:
+                log.warning(
+                    "model %s: its config is invalid now (%s); the config it had before serves until it is fixed",
+                    served_label(name),
+                    fresh.invalid[name],
+                )
         changes = {
             "added": sorted(set(fresh) - set(old)),
             "removed": sorted(set(old) - set(fresh)),
@@ -100,7 +144,7 @@ class AppState:
             self.retired |= {name: old[name] for name in changes["removed"]}
             for name in fresh:
                 self.retired.pop(name, None)
-            self.models, self.versions = fresh, VersionRouter(fresh)
+            self.models, self.versions = fresh, VersionRouter(fresh, self.settings.worker_ttl_s)
         return changes
 
     def config_of(self, name: str) -> ModelConfig:
@@ -108,48 +152,65 @@ class AppState:
         return self.models[name] if name in self.models else self.retired[name]
 
     def forget_drained(self) -> list[str]:
-        """Stop listing removed names that no worker serves any more and whose queues are empty: those forgotten.
-        (Runs in a worker thread: it reads Redis on the sync clients.)"""
+        """Stop listing removed names that no worker serves any more and whose queues are empty: those forgotten
+        (one on a Redis that cannot be read now stays listed). (Runs in a worker thread: it reads Redis on the sync
+        clients.)"""
         names = sorted(self.retired)
         if not names:
             return []
-        lengths, workers = self.queue_lengths(names), self.live_workers(names)
-        done = [n for n in names if not workers[n] and not sum(lengths[n].values())]
+        counts = self.counts(names)
+        done = [n for n in counts.workers if not counts.workers[n] and not sum(counts.lengths[n].values())]
         for name in done:
             self.retired.pop(name, None)
         return done
 
-    def queue_lengths(self, names: list[str]) -> dict[str, dict[str, int]]:
-        """Each served name's queue length per lane, read from the Redis that carries it: one round trip each."""
-        by_name: dict[str, dict[str, int]] = {}
+    def counts(self, names: list[str]) -> Counts:
+        """Each served name's queue length per lane and live workers, read from the Redis that carries it (three
+        round trips per Redis, whatever the number of names); the names on a Redis other than the default one that
+        cannot be read now are ``unavailable`` instead (the default one's failure is the route's own: 503)."""
+        counts = Counts({}, {}, {})
         for shard, mine in self.placed(names):
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for name in mine:
-                    for lane in keys.LANES:
-                        pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
-                flat = [int(n) for n in pipe.execute()]
-            lanes = len(keys.LANES)
-            for at, name in zip(range(0, len(flat), lanes), mine, strict=True):
-                by_name[name] = dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
-        return by_name
+            try:
+                lengths, workers = self._lengths_on(shard, mine), self._live_on(shard, mine)
+            except RedisError as exc:
+                if shard.name == shards.DEFAULT or not connections.is_unavailable(exc):
+                    raise
+                why = f"its Redis ({shard.name!r}) is unavailable: {connections.why_unavailable(exc)}"
+                counts.unavailable |= dict.fromkeys(mine, why)
+                continue
+            counts.lengths |= lengths
+            counts.workers |= workers
+        return counts
 
-    def live_workers(self, names: list[str]) -> dict[str, int]:
-        """How many workers RQ has registered on each served name's queue whose hash still exists, counted as
-        routing counts them (api/versions.py ``live_workers_async``): two round trips per Redis, whatever the number
-        of names."""
-        counts: dict[str, int] = {}
-        for shard, mine in self.placed(names):
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for name in mine:
-                    pipe.smembers(layout.workers_key(keys.queue_name(name)))
-                registered = pipe.execute()
-            with shard.redis.pipeline(transaction=False) as pipe:
-                for workers in registered:
-                    if workers:
-                        pipe.exists(*workers)
-                alive = iter(pipe.execute())
-            counts |= {n: int(next(alive)) if workers else 0 for n, workers in zip(mine, registered, strict=True)}
-        return {name: counts.get(name, 0) for name in names}
+    def _lengths_on(self, shard: Shard, names: list[str]) -> dict[str, dict[str, int]]:
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                for lane in keys.LANES:
+                    pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
+            flat = [int(n) for n in pipe.execute()]
+        lanes = len(keys.LANES)
+        return {
+            name: dict(zip(keys.LANES, flat[at : at + lanes], strict=True))
+            for at, name in zip(range(0, len(flat), lanes), names, strict=True)
+        }
+
+    def _live_on(self, shard: Shard, names: list[str]) -> dict[str, int]:
+        """How many workers RQ has registered on each name's queue that sent a heartbeat within their TTL, counted
+        as routing counts them (api/versions.py ``live_workers_async``). A killed worker's hash outlives it by a
+        minute and more: counted by its mere existence, a version whose draining worker was killed read as served."""
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.smembers(layout.workers_key(keys.queue_name(name)))
+            registered = pipe.execute()
+        with shard.redis.pipeline(transaction=False) as pipe:
+            for workers in registered:
+                for worker in workers:
+                    pipe.hget(worker, census.HEARTBEAT)
+            beats = iter(pipe.execute())
+        within_s = self.settings.worker_ttl_s
+        return {
+            n: census.live_count([next(beats) for _ in ws], within_s) for n, ws in zip(names, registered, strict=True)
+        }
 
     @property
     def home(self) -> Shard:
@@ -181,6 +242,31 @@ class AppState:
             if among is None or name in among:
                 out.setdefault(config.redis or shards.DEFAULT, []).append(name)
         return [(self.shards[shard], names) for shard, names in sorted(out.items())]
+
+
+def described(changes: dict[str, list[str]]) -> str:
+    """A reload's changes as a log line names them, each version said (``removed digits v1``)."""
+    told = "; ".join(f"{kind} {', '.join(map(served_label, names))}" for kind, names in changes.items() if names)
+    return told or "nothing new"
+
+
+async def _clear_rollout_naming(shard: Shard, model: str, gone: set[int]) -> None:
+    """Clear ``model``'s rollout set through the API if it names a version of ``gone``."""
+    override = await read_rollout(shard.aredis, model)
+    if override is None or override.unusable is not None:
+        return
+    named = set(override.traffic or {}) | ({override.ramp.version} if override.ramp is not None else set())
+    if not named & gone:
+        return
+    await clear_rollout(shard.aredis, model)
+    # Every API process reads the repository itself, and reads routing afresh after it did: no event is needed.
+    versions = ", ".join(str(v) for v in sorted(named & gone))
+    log.info(
+        "model %s: its rollout set through the API named version %s, which left the repository: cleared, its "
+        "config.json's holds",
+        model,
+        versions,
+    )
 
 
 def state_of(request: Request) -> AppState:

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
-from inferq.shared.lifecycle import layout
+from inferq.shared.lifecycle import census, layout
 from inferq.shared.models import ModelConfig, ModelRepository, Rollout
 from inferq.shared.versions import RolledBack, VersionState, read_rollbacks, read_rollout, read_states
 
@@ -87,6 +87,8 @@ class Routing:
     told: dict[int, VersionState | None]
     rolled_back: dict[int, RolledBack]
     ramp_since: float | None  # when its ramp started counting: its version first served, or (set later) was set
+    # Why the rollout stored through the API cannot be used (the config's holds meanwhile), or None.
+    unusable: str | None = None
 
     def shares(self, versions: dict[int, ModelConfig], serving: set[int]) -> dict[int, float]:
         since = None if self.ramp_since is None else time.time() - self.ramp_since
@@ -105,6 +107,9 @@ async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]
         read_states(client, served), read_rollbacks(client, served), read_rollout(client, model)
     )
     configured = versions[max(versions)].rollout
+    unusable = override.unusable if override is not None else None
+    if unusable is not None:
+        override = None
     rollout = configured if override is None else override.over(configured)
     ramp = rollout.ramp if rollout is not None else None
     since = None
@@ -119,6 +124,7 @@ async def read_routing(client: Any, model: str, versions: dict[int, ModelConfig]
         {v: told[c.served] for v, c in versions.items()},
         {v: r for v, c in versions.items() if (r := rollbacks[c.served]) is not None},
         since,
+        unusable,
     )
 
 
@@ -139,8 +145,10 @@ def _shares(
 class VersionRouter:
     """One API process's routing of submits to versions."""
 
-    def __init__(self, repository: ModelRepository) -> None:
+    def __init__(self, repository: ModelRepository, live_within_s: float = 30.0) -> None:
         self.repository = repository
+        # A worker is live while its last heartbeat is this recent (INFERQ_WORKER_TTL_S).
+        self.live_within_s = live_within_s
         self._versions = {name: repository.versions(name) for name in repository.models()}
         self._submits: dict[str, int] = {}
         # model -> (read at, versions serving, its routing)
@@ -175,7 +183,9 @@ class VersionRouter:
             return cached[1], cached[2]
         versions = self.versions(model)
         counts, routing = await asyncio.gather(
-            asyncio.gather(*(live_workers_async(client, keys.queue_name(c.served)) for c in versions.values())),
+            asyncio.gather(
+                *(live_workers_async(client, keys.queue_name(c.served), self.live_within_s) for c in versions.values())
+            ),
             read_routing(client, model, versions),
         )
         live = {v for v, count in zip(versions, counts, strict=True) if count}
@@ -188,10 +198,11 @@ class VersionRouter:
         self._serving.pop(model, None)
 
 
-async def live_workers_async(client: Any, queue_name: str) -> int:
-    """How many workers RQ lists on a queue whose hash still exists (a killed one's entry lingers until RQ's
-    maintenance cleans it; its hash expires with its heartbeat)."""
+async def live_workers_async(client: Any, queue_name: str, within_s: float) -> int:
+    """How many workers RQ lists on a queue that sent a heartbeat within ``within_s`` (a killed one's entry lingers
+    until RQ's maintenance cleans it, and its hash a minute past its last heartbeat)."""
     names = await cast(Awaitable[set[bytes]], client.smembers(layout.workers_key(queue_name)))
     if not names:
         return 0
-    return int(await cast(Awaitable[int], client.exists(*names)))
+    beats = await asyncio.gather(*(cast(Awaitable[bytes | None], client.hget(n, census.HEARTBEAT)) for n in names))
+    return census.live_count(beats, within_s)

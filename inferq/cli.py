@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         " waits a fixed time instead",
     )
     worker.add_argument("--burst", action="store_true", help="quit when the queues are empty")
+    worker.add_argument(
+        "--drain",
+        action="store_true",
+        help="serve what waits in the queues, and what a dead worker of them held, then quit (inferq up starts it"
+        " in place of a draining worker that died); a version it cannot load has its jobs failed, saying why",
+    )
     worker.add_argument("--name", help="worker name (default: unique per process)")
 
     webhooks = sub.add_parser("webhooks", help="deliver webhooks")
@@ -216,6 +222,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from inferq.shared.models import load_model_configs
     from inferq.shared.rqjson import check_rq_version, refuse_pickle
     from inferq.workers.batching import BatchWorker
+    from inferq.workers.ending import ending_runner
     from inferq.workers.handlers import resolve_device
     from inferq.workers.running import load_runner
 
@@ -225,6 +232,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     refuse_pickle()
     tracing.setup("worker")  # OTEL_EXPORTER_OTLP_ENDPOINT set: its batches' and jobs' spans are exported
     configs = load_model_configs(settings.models_dir, settings.redis_shards)
+    if args.drain:
+        _with_drained_version(configs)
     for name in args.model or []:
         if name in configs.invalid:
             raise ConfigError(configs.invalid[name])
@@ -252,6 +261,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 max_image_pixels=settings.max_image_pixels,
             )
         except ConfigError as exc:
+            if args.drain:  # its files went with it: its jobs end, saying why, rather than wait for good
+                log.error("model %s: it cannot be loaded to serve the jobs left (%s); each fails, saying so", name, exc)
+                runners[name] = ending_runner(config, exc.message)
+                continue
             versions.tell(told, name, "failed", exc.message)
             if len(configs.versions(config.name)) > 1:  # its other versions take its share, said as a rollback
                 versions.roll_back(told, config, f"its load or warm-up failed on a new worker: {exc.message}")
@@ -274,11 +287,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         name=args.name or _unique_name("+".join(names)),
     )
     worker.on_registered = _tell_supervisor_ready
+    if args.drain:
+        worker.drain()
+        worker.drains_held = True
     from inferq.shared.gc_tuning import tune_for_serving
 
     tune_for_serving()  # the models are loaded: nothing they hold is walked by a collection again
     worker.work(burst=args.burst, logging_level=args.log_level)
     return 0
+
+
+def _with_drained_version(configs: ModelRepository) -> None:
+    """A drainer's version as the worker it replaces served it (`inferq up` passes its config): the repository may
+    have lost it, or hold an invalid config for it now."""
+    from inferq.shared.models import ModelConfig
+    from inferq.supervisor import DRAIN_CONFIG
+
+    raw = os.environ.pop(DRAIN_CONFIG, None)
+    if raw is not None:
+        config = ModelConfig.model_validate_json(raw)
+        if config.served not in configs:
+            configs[config.served] = config
+            configs.invalid.pop(config.served, None)
 
 
 def _tell_supervisor_ready() -> None:
@@ -497,7 +527,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 why = f" ({v.reason})" if v.reason else ""
                 print(f"  version {v.version:<4} {v.state}{why}  share={v.share:g}%  workers={v.workers}{back}")
     for left_out in invalid:
-        print(f"{left_out.name:<20} not served: {left_out.error}")
+        said = "invalid, its last good config serves" if left_out.serving else "not served"
+        print(f"{left_out.name:<20} {said}: {left_out.error}")
     return 0
 
 

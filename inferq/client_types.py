@@ -276,10 +276,12 @@ class ModelVersion:
 
 @dataclass(frozen=True)
 class InvalidModel:
-    """A model folder the API left out, and why."""
+    """A model folder whose config is invalid, and why: left out, or (``serving``) served on with the last good
+    config it had, until the file is fixed."""
 
     name: str
     error: str
+    serving: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,12 @@ rest keep serving. Redis itself (when ``inferq up`` started it) is restarted the
 
 With a ``watch`` it follows the model repository: a worker for each new model or version, a drain for a removed
 one, and for one that changed a new worker started beside the serving one, which drains only once the new one
-tells (on a pipe) that it takes jobs; a new one that cannot start leaves the serving one as it was.
+tells (on a pipe) that it takes jobs; a new one that cannot load (exit 78) leaves the serving one as it was, and
+one killed while it loads (a signal: the kernel's OOM killer, say) is tried again, backing off. A version whose
+config turned invalid keeps its worker (``WantedWorkers.invalid``): the last good config serves until it is fixed.
+A draining worker that exits while jobs are left in its queues (``left``: it was killed, or a job came in after it
+looked) is started again as a drainer (``Child.drain``) until they are served: nothing acknowledged is left
+without a worker.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ log = logging.getLogger("inferq")
 # The environment variable that carries a replacement worker's end of its ready pipe (inferq/cli.py writes to it);
 # not an INFERQ_ name, which the settings would warn of as unknown.
 READY_FD = "_INFERQ_READY_FD"
+# And the one that carries a drainer's version config, as the worker it replaces served it (a version removed from the
+# repository is no longer there to read).
+DRAIN_CONFIG = "_INFERQ_DRAIN_CONFIG"
 # Exits within this window count towards the pause before the next restart: 0 s, 1 s, 2 s, 4 s... up to
 # MAX_BACKOFF_S. A child that stayed up for a whole window starts over from 0 s.
 RESTART_WINDOW_S = 60.0
@@ -58,8 +66,14 @@ class Child:
     restart_at: float | None = None
     # Why it is not restarted (it could not start as configured), or None.
     stopped_for: str | None = None
-    # Told to serve what waits in its queues and exit (its model left the repository, or changed): never restarted.
+    # Told to serve what waits in its queues and exit (its model left the repository, or changed): restarted only as
+    # a drainer, while jobs are left in its queues that no other worker serves.
     draining: bool = False
+    # How to start a worker that only serves what waits in this one's queues, then exits: its command and the
+    # environment it adds (the version's config as it served it: the repository may have lost it). None: none.
+    drain: tuple[list[str], dict[str, str]] | None = None
+    # The environment this child adds to the supervisor's (a drainer's).
+    env: dict[str, str] = field(default_factory=dict)
     # A worker for a model that changed, started beside the one it replaces (``replaces``), which serves until this
     # one tells it takes jobs (a line on the pipe whose read end is ``ready_fd``); if it cannot start, the old one
     # keeps serving the model as it was.
@@ -71,8 +85,28 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
 
+class WantedWorkers(dict[str, tuple[list[str], Any]]):
+    """What a ``watch`` reads from the model repository: each worker it asks for now, by name, with its command and
+    what changes when its model does; ``invalid``: the workers of versions whose config is invalid now (their
+    running worker serves on, with the config it had), with why; ``drains``: how to start a drainer of each
+    (``Child.drain``)."""
+
+    def __init__(
+        self,
+        wanted: Mapping[str, tuple[list[str], Any]],
+        invalid: Mapping[str, str] | None = None,
+        drains: Mapping[str, tuple[list[str], dict[str, str]]] | None = None,
+    ) -> None:
+        super().__init__(wanted)
+        self.invalid = dict(invalid or {})
+        self.drains = dict(drains or {})
+
+
 class Supervisor:
-    """Runs ``workers`` and ``services`` (API, webhooks) against ``redis`` (None: an external Redis)."""
+    """Runs ``workers`` and ``services`` (API, webhooks) against ``redis`` (None: an external Redis).
+
+    ``left``: how many jobs are left in a worker's queues, by its name (waiting, taken or running; None when that
+    cannot be read now): a draining worker that exits with some left is started again as a drainer."""
 
     def __init__(
         self,
@@ -84,8 +118,12 @@ class Supervisor:
         max_backoff_s: float = MAX_BACKOFF_S,
         watch: Callable[[], Mapping[str, tuple[list[str], Any]]] | None = None,
         watch_s: float = 2.0,
+        left: Callable[[str], int | None] | None = None,
     ) -> None:
         self.workers = list(workers)
+        self.left = left
+        # The workers whose version's config is invalid now, with the reason last said.
+        self._invalid: dict[str, str] = {}
         # The worker children the model repository asks for now: name -> (command, what changes when its model
         # does). Read every ``watch_s``: new ones start, removed ones drain, changed ones are replaced.
         self.watch = watch
@@ -152,10 +190,24 @@ class Supervisor:
             return
         current = {c.name: c for c in self.workers if not c.draining and c.replaces is None}
         pending = {c.name: c for c in self.workers if c.replaces is not None}
+        invalid = wanted.invalid if isinstance(wanted, WantedWorkers) else {}
+        drains = wanted.drains if isinstance(wanted, WantedWorkers) else {}
+        for name in [n for n in self._invalid if n not in invalid]:
+            del self._invalid[name]
+            if name not in wanted:
+                continue  # gone: drained below
+            log.info("%s: its config is valid again", name)
+            stopped = current.get(name)
+            if stopped is not None and stopped.stopped_for and not stopped.running:  # it exited on the invalid one
+                stopped.stopped_for = None
+                self._start(stopped)
         for name, (command, signature) in wanted.items():
+            for child in (current.get(name), pending.get(name)):
+                if child is not None:
+                    child.drain = drains.get(name, child.drain)
             if self._wanted.get(name) == signature and (name in current or name in pending):
                 continue
-            child = Child(name, command)
+            child = Child(name, command, drain=drains.get(name))
             if name in pending:  # changed again while its replacement loaded: that one loads what is gone
                 outdated = pending[name]
                 child.replaces = outdated.replaces
@@ -173,6 +225,15 @@ class Supervisor:
             self._start(child)
             self._wanted[name] = signature
         for name in (set(current) | set(pending)) - set(wanted):
+            if name in invalid:  # a typo in a serving model's config must not take it offline
+                if self._invalid.get(name) != invalid[name]:
+                    self._invalid[name] = invalid[name]
+                    log.warning(
+                        "%s: its config is invalid now (%s); the running worker serves on with the config it had",
+                        name,
+                        invalid[name],
+                    )
+                continue
             if name in pending:
                 self._abandon(pending[name], "its model left the repository")
             if name in current:
@@ -184,6 +245,8 @@ class Supervisor:
         self._close_ready(child)
         child.replaces = None
         child.draining = True
+        child.drain = None  # it took no job: the worker it replaced drains what waits
+        child.restart_at = None  # a try again that was due
         if child.running:
             assert child.proc is not None
             log.info("%s: the worker loading it stops (%s)", child.name, why)
@@ -194,10 +257,11 @@ class Supervisor:
             os.close(child.ready_fd)
             child.ready_fd = None
 
-    def _tend_replacements(self) -> None:
+    def _tend_replacements(self, now: float) -> None:
         """A replacement that tells it is ready has the worker it replaces drain; one that exits before has it
-        serve on."""
-        for child in [c for c in self.workers if c.replaces is not None]:
+        serve on: for good when it could not load (exit 78, its error said), else (a signal, a crash: no error of
+        its own) while it is tried again, backing off."""
+        for child in [c for c in self.workers if c.replaces is not None and c.restart_at is None]:
             assert child.replaces is not None
             told = b""
             if child.ready_fd is not None:
@@ -214,33 +278,83 @@ class Supervisor:
                 old, child.replaces = child.replaces, None
                 self._drain(old, "a new worker for its changed model took over")
             elif not child.running:
-                code = child.proc.returncode if child.proc is not None else None
-                log.error(
-                    "%s: the new worker for its changed model could not start (exit status %s, its error is above); "
-                    "the running one keeps serving the model as it was",
-                    child.name,
-                    code,
-                )
+                assert child.proc is not None
+                code = child.proc.returncode
                 self._close_ready(child)
-                child.replaces = None
-                self.workers.remove(child)
+                if code == EXIT_CONFIG:
+                    log.error(
+                        "%s: the new worker for its changed model could not start (its error is above); the running "
+                        "one keeps serving the model as it was",
+                        child.name,
+                    )
+                    child.replaces = None
+                    self.workers.remove(child)
+                    continue
+                delay_s = _pause_s(child.exits, now, self.max_backoff_s)
+                log.warning(
+                    "%s: the new worker for its changed model %s while it loaded, with no error of its own (killed "
+                    "from outside, or out of memory); trying it again in %g s, the running one serves until then",
+                    child.name,
+                    _ended(code),
+                    delay_s,
+                )
+                child.restart_at = now + delay_s
 
     def _drain(self, child: Child, why: str) -> None:
-        """Have a worker serve what waits in its queues, then exit (SIGUSR1); it is not restarted."""
+        """Have a worker serve what waits in its queues, then exit (SIGUSR1); it is restarted only as a drainer, if it
+        exits with jobs left that no other worker serves (``_drained``)."""
         child.draining = True
         if child.running:
             assert child.proc is not None
             log.info("%s: %s; it serves its queued jobs, then stops", child.name, why)
             child.proc.send_signal(signal.SIGUSR1)
 
+    def _drained(self, child: Child, now: float) -> None:
+        """A draining worker exited: forget it once nothing is left in its queues that no other worker serves, else
+        start it again as a drainer (after its pause), which serves them, then exits."""
+        others = [
+            c
+            for c in self.workers
+            if c is not child and c.name == child.name and (not c.draining or c.running or c.restart_at is not None)
+        ]
+        assert child.proc is not None
+        code = child.proc.returncode
+        left = self.left(child.name) if self.left is not None and child.drain is not None and not others else 0
+        if not left:
+            log.info("%s: drained and stopped", child.name)
+            self.workers.remove(child)
+            return
+        assert child.drain is not None
+        if code == EXIT_CONFIG and child.command == child.drain[0]:
+            log.error(
+                "%s: a worker to serve the %s job(s) left in its queues could not start (its error is above); they "
+                "wait until one does",
+                child.name,
+                left,
+            )
+            self.workers.remove(child)
+            return
+        delay_s = _pause_s(child.exits, now, self.max_backoff_s)
+        count = "an unknown number of" if left is None else str(left)  # None: Redis could not be read
+        log.warning(
+            "%s %s while draining, with %s job(s) left in its queues; a worker starts in %g s to serve them, then "
+            "stops",
+            child.name,
+            _ended(code),
+            count,
+            delay_s,
+        )
+        child.command, child.env = child.drain
+        child.restart_at = now + delay_s
+
     def _start(self, child: Child) -> None:
         child.restart_at = None
-        env = self.env
+        env = {**self.env, **child.env} if child.env else self.env
         keep: tuple[int, ...] = ()
         if child.replaces is not None:
             read, write = os.pipe()
             os.set_blocking(read, False)
-            child.ready_fd, env, keep = read, {**self.env, READY_FD: str(write)}, (write,)
+            child.ready_fd, env, keep = read, {**env, READY_FD: str(write)}, (write,)
         # Own session: the terminal's Ctrl-C is ours alone; die_with_parent: a killed supervisor takes them along.
         try:
             child.proc = subprocess.Popen(
@@ -252,13 +366,12 @@ class Supervisor:
 
     def _tend(self) -> bool:
         """Restart what exited, after its pause; False when nothing can serve any more."""
-        self._tend_replacements()
         now = time.monotonic()
+        self._tend_replacements(now)
         if self.redis is not None and not self.redis.is_running() and not self._tend_redis(now):
             return False
-        for child in [c for c in self.workers if c.draining and not c.running]:
-            log.info("%s: drained and stopped", child.name)
-            self.workers.remove(child)
+        for child in [c for c in self.workers if c.draining and not c.running and c.restart_at is None]:
+            self._drained(child, now)
         for child in self.children:
             if child.stopped_for or child.running:
                 continue
@@ -350,6 +463,16 @@ class Supervisor:
         for child in children:
             assert child.proc is not None
             child.proc.wait()
+
+
+def _ended(code: int | None) -> str:
+    """How a child ended, as the log says it: ``was killed by SIGKILL``, ``exited with status 3``."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def _pause_s(exits: deque[float], now: float, cap_s: float) -> float:

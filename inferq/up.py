@@ -9,28 +9,29 @@ import logging
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inferq.shared.connections import redact
 from inferq.shared.errors import ConfigError
 from inferq.shared.settings import Settings
+from inferq.shared.shards import DEFAULT as DEFAULT_SHARD
 
 if TYPE_CHECKING:
-    from inferq.shared.models import ModelRepository
+    from inferq.shared.models import ModelConfig, ModelRepository
     from inferq.shared.redis_server import RedisServer
+    from inferq.supervisor import WantedWorkers
 
 log = logging.getLogger("inferq")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from inferq.cli import settings_of
-    from inferq.leftovers import clear_leftovers
-    from inferq.shared import connections, keys, shards
+    from inferq.shared import shards
     from inferq.shared.models import load_model_configs
     from inferq.shared.redis_server import RedisServer, port_in_use
     from inferq.supervisor import Child, Supervisor
-    from inferq.workers.outage import Outage
 
     settings = settings_of(args)
     configs = load_model_configs(settings.models_dir, settings.redis_shards)
@@ -50,25 +51,30 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"the API's address {settings.host}:{settings.port} is taken by another program; stop it, "
                 "or give inferq another port (--port or INFERQ_PORT)"
             )
-        for shard, url in ({**settings.redis_urls(), shards.DEFAULT: redis_url}).items():
-            with connections.connect(url, settings.redis_timeout_s) as connection:
-                placed = [keys.queue_name(n) for n, c in configs.items() if (c.redis or shards.DEFAULT) == shard]
-                # An external Redis that is down, full or busy is waited for (and said), not a crash at start.
-                clear = functools.partial(clear_leftovers, connection, placed)
-                cleared = Outage(f"inferq up (Redis {shard})").wait(clear, "starting")
-            if cleared.workers or cleared.scheduler_locks:
-                log.info(
-                    "cleared what a run that did not stop left in %s: workers %s, scheduler locks %s",
-                    "Redis" if shard == shards.DEFAULT else f"Redis {shard}",
-                    ", ".join(sorted(cleared.workers)) or "none",
-                    ", ".join(cleared.scheduler_locks) or "none",
+        for shard, url in sorted({**settings.redis_urls(), shards.DEFAULT: redis_url}.items()):
+            placed = [n for n, c in configs.items() if (c.redis or shards.DEFAULT) == shard]
+            clear = functools.partial(_clear_leftovers, shard, url, placed, settings.redis_timeout_s)
+            if shard == shards.DEFAULT:
+                clear(wait=True)  # an external Redis that is down, full or busy is waited for (and said): all need it
+            elif not clear(wait=False):
+                # Only its own models need it: everything else starts, and they wait for it as any outage.
+                log.warning(
+                    "Redis %s is unavailable: its models (%s) and its webhook sender start and wait for it, the rest "
+                    "serve; what a run that did not stop left in it is cleared once it answers",
+                    shard,
+                    ", ".join(placed) or "none",
                 )
+                threading.Thread(target=clear, kwargs={"wait": True}, name=f"clear Redis {shard}", daemon=True).start()
     except BaseException:
         if server is not None:
             server.stop()
         raise
     me = [sys.executable, "-m", "inferq", "--log-level", args.log_level]
-    workers = [Child(f"worker {name}", [*me, "worker", "--model", name]) for name in configs]
+    repository = Repository(settings, me, redis_url)
+    workers = [
+        Child(f"worker {name}", repository.command(name), drain=repository.drain(config))
+        for name, config in configs.items()
+    ]
     services = [
         Child("api", [*me, "api", "--host", settings.host, "--port", str(settings.port)]),
         *(
@@ -76,9 +82,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             for shard in sorted({c.redis or shards.DEFAULT for c in configs.values()} | {shards.DEFAULT})
         ),
     ]
-    watch = functools.partial(_wanted_workers, settings, me) if settings.models_poll_s else None
     supervisor = Supervisor(
-        workers, services, env, server, stop_grace_s=args.stop_grace_s, watch=watch, watch_s=settings.models_poll_s
+        workers,
+        services,
+        env,
+        server,
+        stop_grace_s=args.stop_grace_s,
+        watch=repository.wanted if settings.models_poll_s else None,
+        watch_s=settings.models_poll_s,
+        left=repository.left,
     )
     print_banner(settings, redis_url, configs, server, args.stop_grace_s)
     code = supervisor.run()
@@ -86,20 +98,90 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
-def _wanted_workers(settings: Settings, me: list[str]) -> dict[str, tuple[list[str], Any]]:
-    """The worker each model version in the repository asks for now, and what changes when the version does (its
-    config, and its weights' size and modification time): the supervisor starts, drains and replaces workers by it."""
-    from inferq.shared.models import load_model_configs
+def _clear_leftovers(shard: str, url: str, models: list[str], timeout_s: float, *, wait: bool) -> bool:
+    """Clear what a run that did not stop left in Redis ``shard`` (inferq/leftovers.py), waiting for it through an
+    outage, or not (``wait``): False when it could not be read, then."""
+    from redis.exceptions import RedisError
 
-    wanted = {}
-    for name, config in load_model_configs(settings.models_dir, settings.redis_shards).items():
+    from inferq.leftovers import clear_leftovers
+    from inferq.shared import connections, keys, shards
+    from inferq.workers.outage import Outage
+
+    with connections.connect(url, timeout_s) as connection:
+        clear = functools.partial(clear_leftovers, connection, [keys.queue_name(n) for n in models])
+        if wait:
+            cleared = Outage(f"inferq up (Redis {shard})").wait(clear, "starting")
+        else:
+            try:
+                cleared = clear()
+            except RedisError as exc:
+                if not connections.is_unavailable(exc):
+                    raise
+                return False
+    if cleared.workers or cleared.scheduler_locks:
+        log.info(
+            "cleared what a run that did not stop left in %s: workers %s, scheduler locks %s",
+            "Redis" if shard == shards.DEFAULT else f"Redis {shard}",
+            ", ".join(sorted(cleared.workers)) or "none",
+            ", ".join(cleared.scheduler_locks) or "none",
+        )
+    return True
+
+
+class Repository:
+    """The model repository and its Redis as the supervisor asks of them: the workers it wants now (``wanted``), and
+    the jobs left in a worker's queues (``left``), read on the Redis of the version it served."""
+
+    def __init__(self, settings: Settings, me: list[str], redis_url: str) -> None:
+        self.settings = settings
+        self.me = me
+        self.urls = {**settings.redis_urls(), DEFAULT_SHARD: redis_url}  # INFERQ_REDIS_URL's: the one `up` started
+        # Each worker's version's Redis, as last read: kept once the version leaves, for its queues may hold jobs.
+        self._shard: dict[str, str] = {}
+
+    def command(self, served: str) -> list[str]:
+        return [*self.me, "worker", "--model", served]
+
+    def drain(self, config: ModelConfig) -> tuple[list[str], dict[str, str]]:
+        """A drainer of ``config``'s version: it serves what waits in its queues, then exits (inferq/cli.py)."""
+        from inferq.supervisor import DRAIN_CONFIG
+
+        self._shard[f"worker {config.served}"] = config.redis or DEFAULT_SHARD
+        return [*self.command(config.served), "--drain"], {DRAIN_CONFIG: config.model_dump_json()}
+
+    def wanted(self) -> WantedWorkers:
+        """The worker each model version in the repository asks for now, and what changes when the version does
+        (its config, and its weights' size and modification time): the supervisor starts, drains and replaces
+        workers by it; and the versions whose config is invalid now."""
+        from inferq.shared.models import load_model_configs
+        from inferq.supervisor import WantedWorkers
+
+        configs = load_model_configs(self.settings.models_dir, self.settings.redis_shards)
+        wanted = {}
+        for name, config in configs.items():
+            try:
+                stat = config.weights_path.stat()
+                weights = (stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                weights = None
+            wanted[f"worker {name}"] = (self.command(name), (config.model_dump_json(), weights))
+        drains = {f"worker {name}": self.drain(config) for name, config in configs.items()}
+        return WantedWorkers(wanted, {f"worker {n}": error for n, error in configs.invalid.items()}, drains)
+
+    def left(self, worker: str) -> int | None:
+        """The jobs left in the queues of the version ``worker`` served (None: its Redis cannot be read now)."""
+        from redis.exceptions import RedisError
+
+        from inferq.shared import connections
+        from inferq.shared.lifecycle import census
+
+        url = self.urls[self._shard.get(worker, DEFAULT_SHARD)]
         try:
-            stat = config.weights_path.stat()
-            weights = (stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            weights = None
-        wanted[f"worker {name}"] = ([*me, "worker", "--model", name], (config.model_dump_json(), weights))
-    return wanted
+            with connections.connect(url, self.settings.redis_timeout_s) as connection:
+                return census.unfinished(connection, worker.removeprefix("worker "))
+        except RedisError as exc:
+            log.warning("%s: the jobs left in its queues could not be counted (%s)", worker, exc)
+            return None
 
 
 def print_banner(

@@ -30,6 +30,13 @@ def split_served(served: str) -> tuple[str, int]:
     return model, int(version) if version.isascii() and version.isdigit() else 1
 
 
+def served_label(served: str) -> str:
+    """A served name as a log line names it, its version always said: ``digits v1``, ``digits v2``. The bare model
+    name is version 1's served name, which misleads once version 2 serves the model ("digits removed")."""
+    model, version = split_served(served)
+    return f"{model} v{version}"
+
+
 # Every model has two queues, its lanes: interactive work goes first, bulk work fills in.
 INTERACTIVE, BULK = "interactive", "bulk"
 LANES = (INTERACTIVE, BULK)

@@ -338,6 +338,8 @@ class Cluster:
     models: dict[str, ModelState]
     webhooks: dict[str, float]
     http: dict[str, float]
+    # Models (by served name) whose Redis could not be read for this scrape, with why: absent from ``models``.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 class ClusterCollector(Collector):
@@ -352,8 +354,24 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         cluster = self.read()
         yield from _model_metrics(cluster.models, self.tenants)
+        yield _unavailable_metric(cluster)
         yield from _webhook_metrics(cluster.webhooks)
         yield from _http_metrics(cluster.http)
+
+
+def _unavailable_metric(cluster: Cluster) -> Metric:
+    """1 for each model version whose Redis could not be read (its other series are missing from this scrape)."""
+    gauge = GaugeMetricFamily(
+        "inferq_model_unavailable",
+        "1 while the Redis that carries the model version cannot be read (its other series are absent), else 0.",
+        labels=["model", "version"],
+    )
+    for served, down in sorted(
+        {**dict.fromkeys(cluster.models, 0.0), **dict.fromkeys(cluster.unavailable, 1.0)}.items()
+    ):
+        model, version = keys.split_served(served)
+        gauge.add_metric([model, str(version)], down)
+    return gauge
 
 
 def _model_metrics(models: Mapping[str, ModelState], tenants: bool = True) -> Iterator[Metric]:

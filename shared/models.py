@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -49,7 +49,18 @@ class Rollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_failure_rate: float = Field(default=0.1, gt=0, lt=1)
     window: int = Field(default=100, ge=10, le=10_000)
-    min_jobs: int = Field(default=50, ge=1)
+    min_jobs: int = Field(default=50, ge=1, le=10_000)
+
+
+# What a rollout's numbers may be, checked before anything is stored (and again when a stored one is read): a version
+# as its folder is named, a share or a step in percent, and a ramp's step between a second and a day. A number past
+# these (an interval of 5e-324 s, an infinite share) has no meaning, and the arithmetic of the routing would fail on it.
+MAX_VERSION = 999_999_999
+Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+MIN_STEP_S = 1.0
+MAX_STEP_S = 86_400.0
+# Steps of a ramp, versions in a traffic map: far more than any rollout has, few enough to read on every submit.
+MAX_ENTRIES = 100
 
 
 class Ramp(BaseModel):
@@ -57,10 +68,10 @@ class Ramp(BaseModel):
     step every ``interval_s`` (the last step holds); the other versions share the rest as they would without it."""
 
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_VERSION)
     # Percent, 0 to 100, one per step.
-    steps: list[Annotated[float, Field(ge=0, le=100)]] = Field(min_length=1)
-    interval_s: float = Field(default=60.0, gt=0)
+    steps: list[Percent] = Field(min_length=1, max_length=MAX_ENTRIES)
+    interval_s: float = Field(default=60.0, ge=MIN_STEP_S, le=MAX_STEP_S, allow_inf_nan=False)
 
     def share(self, since_s: float) -> float:
         """The ramped version's share (0 to 1) ``since_s`` seconds after it first served."""
@@ -83,8 +94,12 @@ class Rollout(BaseModel):
     def _shares(cls, traffic: dict[int, float] | None) -> dict[int, float] | None:
         if traffic is None:
             return None
-        if any(v < 1 for v in traffic) or any(s < 0 for s in traffic.values()) or sum(traffic.values()) <= 0:
-            raise ValueError("traffic maps versions (1, 2, ...) to shares >= 0, some share > 0")
+        if len(traffic) > MAX_ENTRIES:
+            raise ValueError(f"traffic names at most {MAX_ENTRIES} versions")
+        versions_ok = all(1 <= v <= MAX_VERSION for v in traffic)
+        shares_ok = all(0 <= s <= 100 for s in traffic.values())  # False for NaN too
+        if not versions_ok or not shares_ok or sum(traffic.values()) <= 0:
+            raise ValueError("traffic maps versions (1, 2, ...) to percents from 0 to 100, some share > 0")
         return traffic
 
 
@@ -169,7 +184,9 @@ def _own_weights(folder: Path) -> bool:
     try:
         raw = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        # Unreadable (a typo, a half-written file): which weights it names is unknown, so version 1 is kept in the
+        # listing, as invalid with the config's error, rather than read as removed (its worker would be drained).
+        return True
     weights = raw.get("weights", "model.pt") if isinstance(raw, dict) else None
     return isinstance(weights, str) and bool(weights) and (folder / weights).exists()
 
@@ -197,7 +214,7 @@ def load_model_config(folder: Path, version: int | None = None) -> ModelConfig:
             raw |= {k: v for k, v in override.items() if k != "version"}
         config = ModelConfig.model_validate({**raw, "name": name, "version": version or 1, "path": path})
     except ValidationError as exc:
-        raise ConfigError(f"{config_file}: {_one_line(exc)}") from None
+        raise ConfigError(f"{config_file}: {one_line(exc)}") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{config_file}: {exc}") from None
     if config.handler not in BUILTIN_HANDLERS and ":" not in config.handler:
@@ -213,7 +230,7 @@ def load_model_config(folder: Path, version: int | None = None) -> ModelConfig:
     return config
 
 
-def _one_line(exc: ValidationError) -> str:
+def one_line(exc: ValidationError) -> str:
     """Pydantic's report as one line a person can act on: where, what, and the value given."""
     parts = []
     for error in exc.errors(include_url=False):
@@ -240,7 +257,8 @@ def weights_sha256(config: ModelConfig) -> str:
 
 class ModelRepository(dict[str, ModelConfig]):
     """The model versions that loaded, by served name (``served_name``); ``invalid`` maps each folder (or version,
-    by served name) whose config did not to its error."""
+    by served name) whose config did not to its error. A version in both serves its last good config
+    (``keep_last_good``)."""
 
     def __init__(self, configs: dict[str, ModelConfig], invalid: dict[str, str]) -> None:
         super().__init__(configs)
@@ -253,6 +271,18 @@ class ModelRepository(dict[str, ModelConfig]):
     def versions(self, model: str) -> dict[int, ModelConfig]:
         """A model's versions that loaded, by number (empty for an unknown model)."""
         return {c.version: c for c in sorted(self.values(), key=lambda c: c.version) if c.name == model}
+
+
+def keep_last_good(fresh: ModelRepository, before: Mapping[str, ModelConfig]) -> tuple[ModelRepository, list[str]]:
+    """``fresh``, with each version whose config is invalid now but loaded ``before`` kept as it was, and those kept.
+
+    A typo in a serving model's config.json must not take it offline: its last good config serves (and its worker
+    with it) until the file is fixed, while ``invalid`` says what is wrong. The API's repository and ``inferq up``'s
+    workers follow this one rule."""
+    kept = sorted(name for name in fresh.invalid if name in before and name not in fresh)
+    if not kept:
+        return fresh, []
+    return ModelRepository({**fresh, **{name: before[name] for name in kept}}, fresh.invalid), kept
 
 
 def repository_signature(models_dir: Path) -> tuple[tuple[str, int, int], ...]:

@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from inferq.shared import keys
 from inferq.shared.lifecycle import scripts
-from inferq.shared.models import ModelConfig, Ramp, Rollback, Rollout
+from inferq.shared.models import ModelConfig, Ramp, Rollback, Rollout, one_line
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +169,16 @@ async def restore(client: Any, served: str) -> bool:
 
 @dataclass(frozen=True)
 class RolloutSet:
-    """A model's traffic and ramp as an operator set them through the API, over its config.json's, and when."""
+    """A model's traffic and ramp as an operator set them through the API, over its config.json's, and when.
+
+    ``unusable``: why the one stored cannot be used (written by another version of inferq, or out of the bounds
+    checked before storing, as a ramp stored before they were); its traffic and ramp are then None and the config's
+    hold, and the listing says so until DELETE clears it."""
 
     traffic: dict[int, float] | None
     ramp: Ramp | None
     at: float
+    unusable: str | None = None
 
     def over(self, config: Rollout | None) -> Rollout:
         """The rollout submits follow: this traffic and ramp, the config's rollback (the workers judge by it)."""
@@ -192,17 +199,44 @@ async def set_rollout(client: Any, model: str, traffic: dict[int, float] | None,
 
 
 async def read_rollout(client: Any, model: str) -> RolloutSet | None:
-    """The rollout set through the API for ``model`` (None: its config.json's holds), renewed for another TTL."""
+    """The rollout set through the API for ``model`` (None: its config.json's holds), renewed for another TTL; one
+    that cannot be used is ``unusable`` (logged once per value and process), never an error of the route."""
     raw = await cast(Awaitable[bytes | None], client.getex(keys.rollout_key(model), ex=keys.ROLLOUT_TTL_S))
     if raw is None:
         return None
     try:
+        return parse_rollout(raw)
+    except ValueError as exc:
+        why = one_line(exc) if isinstance(exc, ValidationError) else str(exc)
+        if _told_unusable.get(model) != raw:  # read on every routing refresh: said once, not every second
+            _told_unusable[model] = raw
+            log.warning(
+                "model %s: its rollout set through the API cannot be used (%s); its config.json's holds until "
+                "DELETE /v1/models/%s/rollout clears it",
+                model,
+                why,
+                model,
+            )
+        return RolloutSet(None, None, 0.0, unusable=why)
+
+
+# The unusable stored rollout last logged, by model.
+_told_unusable: dict[str, bytes] = {}
+
+
+def parse_rollout(raw: bytes) -> RolloutSet:
+    """A stored rollout, checked as ``set_rollout`` checks one before storing it (ValueError naming what is wrong)."""
+    try:
         value = json.loads(raw)
-        rollout = Rollout(traffic=value.get("traffic"), ramp=value.get("ramp"))
-        return RolloutSet(rollout.traffic, rollout.ramp, float(value["at"]))
-    except (ValueError, TypeError, KeyError) as exc:  # written by another version of inferq: the config's holds
-        log.warning("model %s: its rollout set through the API is unreadable (%s); its config.json's holds", model, exc)
-        return None
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("at"), int | float):
+        raise ValueError("not a rollout: an object with traffic, ramp and at")
+    at = float(value["at"])
+    if not math.isfinite(at):
+        raise ValueError(f"at: {at} is not a time")
+    rollout = Rollout(traffic=value.get("traffic"), ramp=value.get("ramp"))
+    return RolloutSet(rollout.traffic, rollout.ramp, at)
 
 
 async def clear_rollout(client: Any, model: str) -> bool:

@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 # While a batch waits to fill, it looks for more jobs this often.
 FILL_POLL_S = 0.001
+# A drainer waiting for the jobs a dead worker held looks at its queues and registries again this often.
+HELD_RECHECK_S = 1
 
 
 class BatchWorker(SimpleWorker):
@@ -121,6 +123,9 @@ class BatchWorker(SimpleWorker):
         self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
         # SIGUSR1 (``drain``): serve what waits in its queues, then exit (a version removed from the repository).
         self.draining = False
+        # A drainer started in place of a draining worker that died (``inferq worker --drain``): it also serves the
+        # jobs the dead one held, once RQ's maintenance gives them back (their heartbeat lapses), before it exits.
+        self.drains_held = False
 
         # Jobs RQ's cleanup is about to fail (a dead worker's, no retries left): announced once it has.
         self._abandoned: list[str] = []
@@ -157,6 +162,11 @@ class BatchWorker(SimpleWorker):
         worker never uses: its blocking waits are BLOCK_SLICE_S at most), and a frozen connection would then
         hang the worker for half a minute."""
         return connection
+
+    def _set_ip_address(self, connection: Redis) -> None:
+        """RQ names its connection in Redis as the worker is built: waited for through an outage too (a shard that
+        is down when `inferq up` starts had its workers exit with a traceback, over and over)."""
+        Outage(f"worker {self.name}").wait(lambda: super(BatchWorker, self)._set_ip_address(connection), "starting")
 
     def register_birth(self) -> None:
         def queues() -> None:
@@ -296,6 +306,8 @@ class BatchWorker(SimpleWorker):
                     if self._stop_requested:
                         return None
                     claimed = self._claim(timeout)
+                elif claimed is None and self.drains_held and claims.any_started(self.connection, self.queue_names()):
+                    claimed = self._claim(HELD_RECHECK_S)  # a timeout: look again (the maintenance above gives back)
                 self.outage.ok()
                 if claimed is None:
                     return None

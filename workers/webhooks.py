@@ -355,6 +355,12 @@ class WebhookWorker(SimpleWorker):
         self.outage = Outage(f"webhook sender {self.name}")
         self._commands = CommandChannel(f"webhook sender {self.name}")
 
+    def _set_ip_address(self, connection: Any) -> None:
+        """RQ names its connection in Redis as the worker is built: waited for through an outage too (a sender of a
+        shard that is down when `inferq up` starts exited with a traceback, over and over)."""
+        who = f"webhook sender {self.name}"
+        Outage(who).wait(lambda: super(WebhookWorker, self)._set_ip_address(connection), "starting")
+
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.settings.heartbeat_ttl_s
 

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.api.auth import names_tenants
 from inferq.api.deps import AppState, State
-from inferq.shared import durability, keys, metrics
+from inferq.shared import connections, durability, keys, metrics
 from inferq.shared.lifecycle import census
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,12 @@ class DurabilityCollector(Collector):
             labels=["redis"],
         )
         for name, shard in sorted(self.state.shards.items()):
-            count, reason = durability.readiness(shard.redis, settings)
+            try:
+                count, reason = durability.readiness(shard.redis, settings)
+            except RedisError as exc:  # that Redis down: it acknowledges nothing, and the rest is still scraped
+                if shard is self.state.home or not connections.is_unavailable(exc):
+                    raise
+                count, reason = 0, "unavailable"
             replicas.add_metric([name], float(count or 0))
             unavailable.add_metric([name], 1.0 if reason else 0.0)
         yield replicas

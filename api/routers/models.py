@@ -13,12 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.json_schema import SkipJsonSchema
 
 from inferq.api.auth import OPERATOR_ONLY, require_key
-from inferq.api.deps import AppState, Model, State
+from inferq.api.deps import AppState, Model, State, described
 from inferq.api.schemas import ERRORS, ModelPublic
 from inferq.api.versions import NO_ROUTING, Routing, read_routing
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
-from inferq.shared.models import VERSION_RE, ModelConfig, Ramp
+from inferq.shared.models import MAX_ENTRIES, VERSION_RE, ModelConfig, Ramp
 from inferq.shared.versions import RolledBack, VersionState, clear_rollout, restore, set_rollout
 
 log = logging.getLogger(__name__)
@@ -59,19 +59,23 @@ class RolloutView(BaseModel):
     set_by: Literal["config", "api"]
     # When the ramp started counting: its version first served (or, for one set later, when it was set).
     ramp_started_at: str | None = None
+    # Why the rollout stored through the API cannot be used (stored by another version of inferq, or out of bounds):
+    # the config's holds until DELETE clears it.
+    unusable: str | None = None
 
 
 # A version as a traffic key: what a version folder is named (1, 2, ...).
 VersionKey = Annotated[str, StringConstraints(pattern=VERSION_RE.pattern)]
 # Percent of unpinned submits; a version that takes none is left out.
-Share = Annotated[float, Field(gt=0, le=100)]
+Share = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
 
 
 def _some_versions_only(schema: dict[str, Any]) -> None:
-    """Traffic's schema as it is checked: pydantic writes a dict's min_length as minLength, which means nothing for
-    an object (schemathesis then sends {} as valid); and no key but a version's."""
+    """Traffic's schema as it is checked: pydantic writes a dict's min_length and max_length as minLength and
+    maxLength, which mean nothing for an object (schemathesis then sends {} as valid); and no key but a version's."""
     schema.pop("minLength", None)
-    schema |= {"minProperties": 1, "additionalProperties": False}
+    schema.pop("maxLength", None)
+    schema |= {"minProperties": 1, "maxProperties": MAX_ENTRIES, "additionalProperties": False}
 
 
 class RolloutUpdate(BaseModel):
@@ -85,7 +89,7 @@ class RolloutUpdate(BaseModel):
     # its share once it serves.
     traffic: Annotated[
         dict[VersionKey, Share] | SkipJsonSchema[None],
-        Field(min_length=1, json_schema_extra=_some_versions_only),
+        Field(min_length=1, max_length=MAX_ENTRIES, json_schema_extra=_some_versions_only),
     ] = None
     # A version's share stepped up over time, e.g. {"version": 2, "steps": [10, 50, 100], "interval_s": 600}.
     ramp: Ramp | SkipJsonSchema[None] = None
@@ -122,6 +126,9 @@ class ModelServed(ModelPublic):
 class InvalidModel(BaseModel):
     name: str
     error: str
+    # Served all the same: its config turned invalid while it served, and its last good config serves until the
+    # file is fixed (false: never loaded, not served).
+    serving: bool = False
 
 
 class ModelListing(BaseModel):
@@ -184,13 +191,9 @@ def _public(config: ModelConfig, versions: list[VersionServed], routing: Routing
             ramp=routing.rollout.ramp if routing.rollout is not None else None,
             set_by=routing.set_by,
             ramp_started_at=_iso(routing.ramp_since),
+            unusable=routing.unusable,
         ),
     )
-
-
-def _status(state: AppState, names: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """Each served name's queue length per lane, read from the Redis that carries it, and its live workers."""
-    return state.queue_lengths(names), state.live_workers(names)
 
 
 def _draining(config: ModelConfig, lengths: dict[str, int], workers: int) -> VersionServed:
@@ -212,10 +215,16 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
         m: {c.version: c for c in state.retired.values() if c.name == m and c.version not in current[m]} for m in models
     }
     served = [c.served for m in models for c in (current[m] | removed[m]).values()]
-    by_served, workers = await run_in_threadpool(_status, state, served)
+    counts = await run_in_threadpool(state.counts, served)
+    by_served, workers = counts.lengths, counts.workers
     out = []
     for model in models:
         configs = current[model]
+        # A model's versions share one Redis: one that cannot be read now is listed unavailable, the rest as read.
+        why = counts.unavailable.get(next(iter((configs | removed[model]).values())).served)
+        if why is not None:
+            out.append(_unreachable(configs or removed[model], why))
+            continue
         gone = [
             _draining(c, by_served[c.served], workers[c.served])
             for c in removed[model].values()
@@ -245,13 +254,26 @@ async def _served(state: AppState, models: list[str]) -> list[ModelServed]:
     return out
 
 
+def _unreachable(configs: dict[int, ModelConfig], why: str) -> ModelServed:
+    """A model whose Redis cannot be read now: each version unavailable, saying why (its config's rollout shown)."""
+    empty = dict.fromkeys(keys.LANES, 0)
+    versions = [
+        VersionServed(version=v, state="unavailable", reason=why, share=0.0, workers=0, queue_lengths=empty)
+        for v in sorted(configs)
+    ]
+    configured = configs[max(configs)]
+    return _public(configured, versions, Routing(configured.rollout, "config", {}, {}, None))
+
+
 @router.get("", response_model=ModelListing)
 async def list_models(state: State) -> ModelListing:
     """Every model this deployment serves, with its versions, queue lengths and live workers; and the configs left
     out."""
     return ModelListing(
         models=await _served(state, sorted(set(state.models.models()) | {c.name for c in state.retired.values()})),
-        invalid=[InvalidModel(name=n, error=e) for n, e in sorted(invalid_models(state).items())],
+        invalid=[
+            InvalidModel(name=n, error=e, serving=n in state.models) for n, e in sorted(invalid_models(state).items())
+        ],
     )
 
 
@@ -268,8 +290,8 @@ async def reload_models(state: State) -> Reloaded:
     """Read the model repository again now, as the API also does by itself when it changes (INFERQ_MODELS_POLL_S):
     new models and versions are served, removed ones refused, without a restart. Workers are started apart
     (`inferq up` does it; elsewhere, start `inferq worker --model NAME` for each new one)."""
-    changes = await run_in_threadpool(state.reload)
-    log.info("model repository read again by request: %s", changes)
+    changes = await state.reread()
+    log.info("model repository read again by request: %s", described(changes))
     return Reloaded(**changes)
 
 

@@ -82,6 +82,10 @@ class ModelStatus(BaseModel):
         default=False,
         description="removed from the repository: its workers serve its queued jobs, then stop (it takes no new job)",
     )
+    unavailable: str | None = Field(
+        default=None,
+        description="why its Redis (a shard of INFERQ_REDIS_SHARDS) cannot be read now: its numbers are missing",
+    )
 
 
 class TenantStatus(BaseModel):
@@ -183,6 +187,28 @@ def _per_tenant(
     }
 
 
+def _unavailable(state: AppState, name: str, why: str) -> ModelStatus:
+    """A model whose Redis cannot be read now: named, with why, and no numbers."""
+    nothing = Quantiles(p50=None, p95=None)
+    return ModelStatus(
+        name=name,
+        input_kind=state.config_of(name).input.kind,
+        queue_depth=dict.fromkeys(keys.LANES, 0),
+        oldest_age_s=dict.fromkeys(keys.LANES, 0.0),
+        workers={"busy": 0, "idle": 0},
+        throughput_per_s=0.0,
+        mean_batch_size=None,
+        queued_s=nothing,
+        inference_s=nothing,
+        end_to_end_s=nothing,
+        ended_total={},
+        series=[],
+        failures=[],
+        draining=name not in state.models,
+        unavailable=why,
+    )
+
+
 def _status(
     state: AppState, only: str | None = None
 ) -> tuple[ClusterStatus, dict[str, tuple[float, dict[str, float], float]]]:
@@ -193,6 +219,8 @@ def _status(
     recent: dict[str, census.Recent] = {}
     rolled_back: dict[str, bytes | None] = {}
     for shard, placed in state.placed():
+        if any(name in cluster.unavailable for name in placed):
+            continue  # that Redis is down: its models are shown unavailable, the rest as read
         recent |= census.read_recent(shard.redis, placed, HISTORY_WINDOWS + 1, now_s)
         with shard.redis.pipeline(transaction=False) as pipe:
             for name in placed:
@@ -200,6 +228,9 @@ def _status(
             rolled_back |= dict(zip(placed, pipe.execute(), strict=True))
     models = []
     for name in sorted(names):
+        if name in cluster.unavailable:
+            models.append(_unavailable(state, name, cluster.unavailable[name]))
+            continue
         now = cluster.models[name]
         draining = name not in state.models
         if draining and not sum(now.workers.values()) and not sum(now.depth.values()):

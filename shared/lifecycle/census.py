@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq.worker_registration import REDIS_WORKER_KEYS
 
-from inferq.shared import keys, metrics
+from inferq.shared import connections, keys, metrics
 from inferq.shared.lifecycle import layout
 
 
@@ -74,6 +75,16 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
     return metrics.Cluster(states, webhooks, http)
 
 
+# RQ's worker hash field: when the worker last said it lives (RQ's utcformat).
+HEARTBEAT = "last_heartbeat"
+
+
+def live_count(heartbeats: Sequence[bytes | str | None], within_s: float, now_s: float | None = None) -> int:
+    """How many of these workers' last heartbeats (``HEARTBEAT``; None: the hash is gone) came within ``within_s``."""
+    since = (time.time() if now_s is None else now_s) - within_s
+    return sum(1 for beat in heartbeats if (when := _epoch(beat)) is not None and when >= since)
+
+
 def read_clusters(placed: Sequence[tuple[Redis, Sequence[str]]], home: Redis) -> metrics.Cluster:
     """The cluster over every Redis deployment (shared/shards.py): each one's models, and the webhook and HTTP
     counts summed (the API's request counts live on ``home``, INFERQ_REDIS_URL's; each webhook sender counts on
@@ -81,14 +92,34 @@ def read_clusters(placed: Sequence[tuple[Redis, Sequence[str]]], home: Redis) ->
     models: dict[str, metrics.ModelState] = {}
     webhooks: dict[str, float] = {}
     http: dict[str, float] = {}
-    read = {id(connection): read_cluster(connection, names) for connection, names in placed}
+    unavailable: dict[str, str] = {}
+    read: dict[int, metrics.Cluster] = {}
+    for connection, names in placed:
+        try:
+            read[id(connection)] = read_cluster(connection, names)
+        except RedisError as exc:  # one deployment down: its models are said unavailable, the rest are read
+            if connection is home or not connections.is_unavailable(exc):
+                raise
+            unavailable |= dict.fromkeys(names, f"its Redis is unavailable: {connections.why_unavailable(exc)}")
     if id(home) not in read:
         read[id(home)] = read_cluster(home, [])
     for cluster in read.values():
         models |= cluster.models
         webhooks = metrics.merge([webhooks, cluster.webhooks])
         http = metrics.merge([http, cluster.http])
-    return metrics.Cluster(models, webhooks, http)
+    return metrics.Cluster(models, webhooks, http, unavailable)
+
+
+def unfinished(connection: Redis, served: str) -> int:
+    """How many of a model version's jobs (or bulk chunks) have not ended: waiting in its queues, taken into their
+    intermediate lists, or in their started registries (a dead worker's, until RQ's maintenance gives them back)."""
+    with connection.pipeline(transaction=False) as pipe:
+        for lane in keys.LANES:
+            qk = layout.queue_keys(keys.queue_name(served, lane))
+            pipe.llen(qk.queue)
+            pipe.llen(qk.intermediate)
+            pipe.zcard(qk.started)
+        return sum(int(n) for n in pipe.execute())
 
 
 @dataclass(frozen=True)
@@ -124,7 +155,7 @@ def read_recent(connection: Redis, models: Sequence[str], windows: int, at: floa
     return out
 
 
-def _epoch(value: bytes | None) -> float | None:
+def _epoch(value: bytes | str | None) -> float | None:
     if not value:
         return None
     try:  # RQ's utcformat

@@ -115,6 +115,15 @@ def any_waiting(connection: Redis, queue_names: Sequence[str]) -> bool:
     return bool(connection.exists(*(layout.queue_keys(n).queue for n in queue_names)))
 
 
+def any_started(connection: Redis, queue_names: Sequence[str]) -> bool:
+    """Whether any of ``queue_names`` has a job in its started registry: running, or held by a worker that died until
+    RQ's maintenance gives it back (once its heartbeat lapses)."""
+    with connection.pipeline(transaction=False) as pipe:
+        for name in queue_names:
+            pipe.zcard(layout.queue_keys(name).started)
+        return any(int(n) for n in pipe.execute())
+
+
 def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:

@@ -247,6 +247,7 @@ def test_models_and_health(stack: Stack) -> None:
         "invalid_models": [],
         "durability": "async",
         "replicas": None,
+        "unavailable": {},
     }
     schema = httpx.get(f"{stack.base}/openapi.json").json()
     # One submit path per model, each with that model's request body.

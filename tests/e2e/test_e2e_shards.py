@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,10 @@ import pytest
 import redis as redis_py
 
 from inferq.shared import shards
-from inferq.shared.redis_server import RedisServer
+from inferq.shared.redis_server import RedisServer, free_port
 from tests.support.models import ROOT
 from tests.support.stack import Stack, new_stack, serving
+from tests.support.up import up_serving
 from tests.support.waiting import wait_until
 from tests.support.webhooks import Receiver
 
@@ -142,3 +143,91 @@ def test_a_model_on_an_unknown_redis_is_left_out_with_its_reason(two: tuple[Stac
         assert "redis: 'c' is not in INFERQ_REDIS_SHARDS (it has: b)" in shown.stderr
     finally:
         shutil.rmtree(folder)
+
+
+TENSOR = {"kind": "tensor", "shape": [2], "dtype": "float32"}
+
+
+def _post(base: str, model: str, value: float, wait: bool = False) -> httpx.Response:
+    headers = {"Prefer": "wait=30"} if wait else {}
+    return httpx.post(f"{base}/v1/models/{model}/jobs", json={"inputs": [value, value]}, headers=headers, timeout=40)
+
+
+def wait_for(call: Callable[[], httpx.Response], done: Callable[[httpx.Response], bool]) -> httpx.Response:
+    """``call()`` again until ``done`` with its answer (an answer that is not JSON, or no answer: again)."""
+    answers: list[httpx.Response] = []
+
+    def answered() -> bool:
+        try:
+            answers.append(call())
+            return done(answers[-1])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+
+    wait_until(answered, 120, "the answer awaited")
+    return answers[-1]
+
+
+def test_a_shard_down_leaves_the_rest_served_and_inferq_up_starts_what_it_can(tmp_path: Path) -> None:
+    """With shard b killed the audit's default model served 20/20, yet /readyz, /v1/models, /v1/status, /metrics and
+    /v2/health/ready answered 503 (a readiness probe pulls every API pod); and `inferq up` started while a shard was
+    down started nothing."""
+    b = RedisServer(tmp_path / "redis-b", port=free_port(), appendonly=False)  # not started: down from the first
+    models = tmp_path / "models"
+    slow = {"handler": "tests.support.echo:SlowEcho", "weights": "none", "input": TENSOR}
+    for name, config in {"slow": slow, "far": slow | {"redis": "b"}}.items():
+        (models / name).mkdir(parents=True)
+        (models / name / "config.json").write_text(json.dumps(config))
+    settings = {"INFERQ_MODELS_DIR": str(models), "INFERQ_REDIS_SHARDS": f"b={b.url}"}
+    down = "its Redis ('b') is unavailable: Redis cannot be reached"
+    try:
+        with up_serving(tmp_path, 120, **settings) as (_, base, _):
+            ready = wait_for(
+                lambda: httpx.get(f"{base}/readyz", timeout=10), lambda r: r.json()["workers"] == {"slow": 1}
+            )
+            assert ready.status_code == 200
+            assert ready.json() == {
+                "status": "degraded",
+                "workers": {"slow": 1},
+                "models_without_workers": [],
+                "invalid_models": [],
+                "durability": "async",
+                "replicas": None,
+                "unavailable": {"far": down},
+            }
+            listing = httpx.get(f"{base}/v1/models", timeout=10)
+            assert listing.status_code == 200, listing.text
+            shown = {
+                m["name"]: [(v["state"], v["reason"], v["workers"]) for v in m["versions"]]
+                for m in listing.json()["models"]
+            }
+            assert shown == {"far": [("unavailable", down, 0)], "slow": [("ready", None, 1)]}
+            status = httpx.get(f"{base}/v1/status", timeout=10)
+            assert status.status_code == 200, status.text
+            assert {m["name"]: m["unavailable"] for m in status.json()["models"]} == {
+                "far": "its Redis is unavailable: Redis cannot be reached",
+                "slow": None,
+            }
+            scraped = httpx.get(f"{base}/metrics", timeout=10)
+            assert scraped.status_code == 200, scraped.text
+            assert 'inferq_model_unavailable{model="far",version="1"} 1.0' in scraped.text
+            assert 'inferq_model_unavailable{model="slow",version="1"} 0.0' in scraped.text
+            assert 'inferq_workers{model="slow",state="idle",version="1"} 1.0' in scraped.text
+            v2 = httpx.get(f"{base}/v2/health/ready", timeout=10)
+            assert (v2.status_code, v2.json()) == (200, {"ready": True})
+            served = _post(base, "slow", 1.0, wait=True)
+            assert served.status_code == 200 and served.json()["result"] == {"output": [1.0, 1.0]}, served.text
+            refused = _post(base, "far", 1.0)
+            assert refused.status_code == 503, refused.text
+            b.start()  # back: its worker and webhook sender, started with the rest, take it up
+            far = wait_for(lambda: _post(base, "far", 2.0, wait=True), lambda r: r.status_code == 200)
+            assert far.json()["result"] == {"output": [2.0, 2.0]}, far.text
+            wait_for(lambda: httpx.get(f"{base}/readyz", timeout=10), lambda r: r.json()["status"] == "ready")
+    finally:
+        b.stop()
+    said = (tmp_path / "up.log").read_text()
+    assert (
+        "Redis b is unavailable: its models (far) and its webhook sender start and wait for it, the rest serve; what "
+        "a run that did not stop left in it is cleared once it answers"
+    ) in said
+    assert "Traceback" not in said

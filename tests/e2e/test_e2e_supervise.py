@@ -66,11 +66,14 @@ def test_a_broken_model_a_crashing_worker_and_an_invalid_config_leave_the_rest_s
             "invalid_models": ["invalid"],
             "durability": "async",
             "replicas": None,
+            "unavailable": {},
         }
         listing = httpx.get(f"{base}/v1/models", timeout=10).json()
         assert [(m["name"], m["workers"]) for m in listing["models"]] == [("broken", 0), ("crashy", 0), ("slow", 1)]
         config_file = models / "invalid" / "config.json"
-        assert listing["invalid"] == [{"name": "invalid", "error": f"{config_file}: input: Field required"}]
+        assert listing["invalid"] == [
+            {"name": "invalid", "error": f"{config_file}: input: Field required", "serving": False}
+        ]
         done = httpx.post(
             f"{base}/v1/models/slow/jobs", json={"inputs": [1, 2]}, headers={"Prefer": "wait=30"}, timeout=40
         )

@@ -115,3 +115,91 @@ def test_a_crash_loop_is_never_given_up_it_backs_off_to_the_cap_and_says_so(tmp_
     assert "worker a exited with status 3; restarting it in 0.5 s" in said
     assert "worker a exited 8 times within 60 s (last status 3); restarting it in 0.5 s" in said
     assert "not restarting" not in said
+
+
+WORKER = """
+import os, signal, sys, time
+log, attempts = sys.argv[1:]
+def say(what):
+    with open(log, "a") as f:
+        f.write(what + "\\n")
+def drain(signum, frame):
+    say("drains")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, drain)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+ready = os.environ.get("_INFERQ_READY_FD")
+if ready is None:
+    say("serves")
+else:  # a replacement: what its n-th start does
+    with open(attempts, "a+") as f:
+        f.write("x")
+        f.seek(0)
+        n = len(f.read())
+    if n == 1:
+        say(f"loads {os.getpid()}")  # the test kills it here, as the OOM killer would
+    elif n == 2:
+        os.write(int(ready), b"ready\\n")
+        say("takes over")
+    else:
+        say("cannot load")
+        sys.exit(78)
+while True:
+    time.sleep(0.05)
+"""
+WATCHING = """
+import sys
+from pathlib import Path
+from inferq.supervisor import Child, Supervisor
+log, worker, attempts, weights = sys.argv[1:]
+command = [sys.executable, worker, log, attempts]
+def watch():
+    return {"worker a": (command, Path(weights).read_text())}
+supervisor = Supervisor([Child("worker a", command)], [], {}, None, 60.0, watch=watch, watch_s=0.1)
+sys.exit(supervisor.run())
+"""
+
+
+def test_a_replacement_killed_while_it_loads_is_tried_again_and_one_that_cannot_load_is_not(tmp_path: Path) -> None:
+    """The audit's OOM kill of a replacement worker loading new weights: read as broken weights, never tried again
+    until the files changed, and said as "its error is above" with no error above."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "driver.py").write_text(WATCHING)
+    log, weights = tmp_path / "children.log", tmp_path / "weights"
+    log.touch()
+    weights.write_text("first")
+    with (tmp_path / "supervisor.log").open("wb") as said:
+        proc = subprocess.Popen(
+            [sys.executable, str(tmp_path / "driver.py"), str(log), str(tmp_path / "worker.py")]
+            + [str(tmp_path / "attempts"), str(weights)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=said,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: log.read_text() == "serves\n", 30, "the serving worker")
+        weights.write_text("second")  # new weights: a replacement loads them beside the serving worker
+        wait_until(lambda: "loads" in log.read_text(), 30, "the replacement to load")
+        loading = int(log.read_text().split("loads ")[1].split()[0])
+        os.kill(loading, signal.SIGKILL)
+        wait_until(lambda: "drains" in log.read_text(), 30, "the replacement tried again to take over")
+        assert log.read_text().splitlines() == ["serves", f"loads {loading}", "takes over", "drains"]
+        weights.write_text("third")  # weights that cannot load: said, not tried again
+        wait_until(lambda: "could not start" in (tmp_path / "supervisor.log").read_text(), 30, "the load error")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert log.read_text().splitlines()[4:] == ["cannot load"]
+    told = (tmp_path / "supervisor.log").read_text()
+    assert (
+        "worker a: the new worker for its changed model was killed by SIGKILL while it loaded, with no error of its "
+        "own (killed from outside, or out of memory); trying it again in 0 s, the running one serves until then"
+    ) in told
+    assert told.count("its error is above") == 1
+    assert (
+        "worker a: the new worker for its changed model could not start (its error is above); the running one keeps "
+        "serving the model as it was"
+    ) in told

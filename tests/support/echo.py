@@ -84,3 +84,11 @@ def echo_items(count: int, prefix: str = "item") -> list[BulkItem]:
 
 def echo_jsonl(count: int, prefix: str = "item") -> bytes:
     return b"".join(json.dumps({"custom_id": f"{prefix}-{i}", "inputs": [i, i]}).encode() + b"\n" for i in range(count))
+
+
+class Weighed(SlowEcho):
+    """``SlowEcho`` that reads its weights file at load, as a real model does: no worker loads it once it is gone."""
+
+    def load(self) -> None:
+        super().load()
+        self.config.weights_path.read_bytes()
