@@ -193,6 +193,7 @@ def _unavailable(state: AppState, name: str, why: str) -> ModelStatus:
     return ModelStatus(
         name=name,
         input_kind=state.config_of(name).input.kind,
+        input_example=input_example(state.config_of(name).input),
         queue_depth=dict.fromkeys(keys.LANES, 0),
         oldest_age_s=dict.fromkeys(keys.LANES, 0.0),
         workers={"busy": 0, "idle": 0},
