@@ -89,6 +89,7 @@ def test_only_an_operators_key_sets_a_rollout_restores_a_version_or_reloads_the_
         "ramp": None,
         "set_by": "api",
         "ramp_started_at": None,
+        "unusable": None,
     }
     assert as_ops[1].json()["rollout"]["set_by"] == "config"
     assert as_ops[2].json()["error"]["message"] == "version 1 of model echo is not rolled back"

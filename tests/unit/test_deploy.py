@@ -49,6 +49,7 @@ NAMESPACE = "inferq"
 AGREED_METRICS = {
     "inferq_queue_depth": "gauge",
     "inferq_version_rolled_back": "gauge",
+    "inferq_model_unavailable": "gauge",
     "inferq_queue_oldest_age_seconds": "gauge",
     "inferq_jobs_ended_total": "counter",
     "inferq_job_failures_total": "counter",
