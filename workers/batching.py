@@ -118,6 +118,8 @@ class BatchWorker(SimpleWorker):
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
         self._lost: tuple[Queue, list[str], list[str]] | None = None
         self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
+        # Several tenants: no one tenant's jobs alone roll a version back (shared/versions.py ``judge``).
+        self.several_tenants = len(settings.tenant_list) > 1
         # SIGUSR1 (``drain``): serve what waits in its queues, then exit (a version removed from the repository).
         self.draining = False
 
@@ -625,8 +627,10 @@ class BatchWorker(SimpleWorker):
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
             vanished, superseded, events = finish.finished(call, pipe.execute())
         if runner.judged:
-            failed = [item.error is not None for item in items]
-            reason = versions.judge(self.connection, runner.config, failed, runner.weights_sha256)
+            # The model's verdicts only: an item refused as bad input is the client's, never the version's.
+            judged = [(i.error is not None, i.job.info.get(F.TENANT, "")) for i in items if not i.input_refused]
+            weights = runner.weights_sha256
+            reason = versions.judge(self.connection, runner.config, judged, weights, self.several_tenants)
             if reason is not None:
                 log.error(
                     "model %s version %d is rolled back: %s; unpinned jobs go to its other versions",

@@ -174,7 +174,8 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     claims.announce_failed(redis, settings, [finished])
     claims.claim(redis, [queue.name, "inferq.other"], None)
     version_2 = ModelConfig.model_validate({"name": "m", "version": 2, "input": {"kind": "tensor", "shape": [2]}})
-    versions.judge(redis, version_2, [True, False], None)  # a version's window of outcomes, for its rollback
+    # A version's window of outcomes, for its rollback.
+    versions.judge(redis, version_2, [(True, "a"), (False, "b")], None, True)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"
