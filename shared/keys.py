@@ -94,7 +94,8 @@ VERSION_STATE_TTL_S = 86_400
 
 def attempt_key(job_id: str) -> str:
     """Tracing on: the span of the job's attempt now running, and when it began (shared/tracing.py), so a retry
-    links to it."""
+    links to it. It lives no longer than the started job's own hash, and goes with the job's end (the scripts that
+    end a job; the finish keeps its value in the info hash, ``F.ENDED_IN``)."""
     return f"{PREFIX}:attempt:{job_id}"
 
 

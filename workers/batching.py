@@ -596,8 +596,7 @@ class BatchWorker(SimpleWorker):
 
     def _running_job_ttl_s(self) -> int:
         """A running job's hash outlives the job's timeout; the keep-alive extends it while the batch runs."""
-        settings = self.settings
-        return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
+        return claims.running_job_ttl_s(self.settings)
 
     def _finish(
         self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime, report: BatchReport | None

@@ -216,7 +216,9 @@ def _cancel_slices(
     for start in range(0, max(int(chunks or 0), 1), per_call):
         # The chunk list is complete and never changes once the batch is visible.
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
-        per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
+        per_chunk = [
+            [layout.job_key(i), keys.info_key(i), keys.payload_key(i), keys.attempt_key(i)] for i in map(_text, span)
+        ]
         args = {
             "owner": owner or "",
             "ttl": settings.canceled_ttl_s,

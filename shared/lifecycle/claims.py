@@ -34,6 +34,12 @@ MULTI_QUEUE_POLL_S = 0.02
 BLOCK_SLICE_S = 0.5
 
 
+def running_job_ttl_s(settings: Settings) -> int:
+    """How long a started job's hash, input and info live (the start's TTL; the keep-alive extends them while its
+    batch runs): its timeout, a heartbeat's lapse, then as long as a failure is kept."""
+    return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
+
+
 def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str]) -> list[str]:
     """Publish ``failed`` and queue the webhook of jobs RQ's maintenance failed; each job is told once."""
     if not job_ids:
@@ -48,7 +54,7 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
         + [keys.payload_key(i), *calls.batch_keys(i), *calls.metrics_keys(keys.model_from_queue(queue))]
-        + [keys.waiting_items_key(queue)]
+        + [keys.waiting_items_key(queue), keys.attempt_key(i)]
         for i, queue in zip(job_ids, queues, strict=True)
     ]
     failed, events = told(
@@ -200,6 +206,7 @@ def start(
             keys.webhook_attempts_key(i),
             layout.delivery_key(i),
             *calls.batch_keys(i),
+            keys.attempt_key(i),
         ]
         for i, e in zip(job_ids, execution_ids, strict=True)
     ]

@@ -209,6 +209,7 @@ def _cancel_call(settings: Settings, job_id: str, owner: str | None, origin: byt
     job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
     job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
     job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
+    job_keys.append(keys.attempt_key(job_id))
     args = {
         "id": job_id,
         "owner": owner or "",

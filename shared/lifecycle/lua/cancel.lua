@@ -2,7 +2,9 @@
 -- is not the queue the caller read: read again) or {'conflict', status}.
 -- owner: '' for any; origin: the queue the caller read from the job's hash; ttl: a canceled job's.
 --
--- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window
+-- span: its running attempt's trace span (tracing on), gone with its end.
+--
+-- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window, span
 -- ARGV: id, owner, origin, ttl, now, stamp, channel, @metrics, @delivery
 -- uses: announce
 
@@ -26,7 +28,7 @@ redis.call('ZREMRANGEBYSCORE', K.canceled, '-inf', now_s)
 redis.call('EXPIRE', K.canceled, ttl)
 redis.call('EXPIRE', job, ttl)
 redis.call('EXPIRE', info, ttl)
-redis.call('DEL', K.payload)
+redis.call('DEL', K.payload, K.span)
 announce({info = info, attempts = K.attempts, delivery = K.delivery, job_id = id,
           model = redis.call('HGET', info, F.MODEL) or '', status = 'canceled', ttl = ttl, stamp = stamp,
           channel = A.channel, tpl = A.delivery, hook_queue = K.hook_queue, queues_set = K.queues})
