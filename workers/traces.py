@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 
@@ -210,7 +210,7 @@ def webhook_span(connection: Redis, job_id: str, attempt: int) -> WebhookSpan | 
 
     try:
         fields = [F.ENDED_IN, F.TRACEPARENT, F.TRACESTATE]
-        ran, traceparent, tracestate = connection.hmget(keys.info_key(job_id), fields)
+        ran, traceparent, tracestate = cast(list[bytes | None], connection.hmget(keys.info_key(job_id), fields))
         if ran:  # the attempt that ended the job: "<traceparent> <start>"
             traceparent, tracestate = ran.split(b" ", 1)[0], None
         if not traceparent:
