@@ -154,14 +154,20 @@ def tenant_bulk_lines_key(tenant: str) -> str:
 
 
 def fair_tags_key(queue_name: str) -> str:
-    """A queue's waiting jobs' virtual finish tags, while several tenants share it (lua/lib/fair.lua); it expires
-    with a queued job's TTL and is dropped whenever the queue empties."""
+    """The virtual start tags of a queue's jobs in its RQ list, while several tenants share it (lua/lib/fair.lua); it
+    expires with a queued job's TTL and is dropped whenever the queue empties."""
     return f"{PREFIX}:fair:{queue_name}:tags"
 
 
 def fair_state_key(queue_name: str) -> str:
     """A queue's tenants' last virtual finish tags (lua/lib/fair.lua), with the same life as ``fair_tags_key``."""
     return f"{PREFIX}:fair:{queue_name}:state"
+
+
+def fair_backlog_key(queue_name: str) -> str:
+    """A queue's jobs in fair order past its RQ list's first ``layout.FAIR_WINDOW`` (lua/lib/fair.lua): a sorted set
+    of job id -> virtual start tag, moved into the list as it is claimed; with the same life as ``fair_tags_key``."""
+    return f"{PREFIX}:fair:{queue_name}:backlog"
 
 
 def waiting_items_key(queue_name: str) -> str:

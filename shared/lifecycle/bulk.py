@@ -194,7 +194,7 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     qk = layout.queue_keys(keys.queue_name(model.decode(), lane.decode()))
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.batch_delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
-    fixed += [*calls.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
+    fixed += [*calls.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name), qk.fair_tags, qk.fair_backlog]
     per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
     events: list[bytes] = []
     try:

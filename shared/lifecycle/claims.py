@@ -91,11 +91,13 @@ def claim(
     interactive work and returning every ``BLOCK_SLICE_S`` to look at the others; else a poll with a
     backoff of at most ``MULTI_QUEUE_POLL_S``.
     """
-    pairs = [(layout.queue_keys(n).queue, layout.queue_keys(n).intermediate) for n in queue_names]
+    each = [layout.queue_keys(n) for n in queue_names]
+    quads = [(qk.queue, qk.intermediate, qk.fair_tags, qk.fair_backlog) for qk in each]
+    args = {"window": layout.FAIR_WINDOW}
     deadline = time.monotonic() + (timeout or 0)
     pause_s = 0.001
     while True:
-        found = scripts.CLAIM_FIRST(connection, [], pairs)
+        found = scripts.CLAIM_FIRST(connection, [], quads, args)
         if found:
             position, found_id = found
             return calls.text(found_id), queue_names[int(position) - 1]
@@ -103,7 +105,7 @@ def claim(
             return None
         left = deadline - time.monotonic()
         if left <= 0:
-            raise DequeueTimeout(timeout, ",".join(p[0] for p in pairs))
+            raise DequeueTimeout(timeout, ",".join(qk.queue for qk in each))
         if block_on is not None:
             qk = layout.queue_keys(block_on)
             # Redis takes a fractional timeout; redis-py's annotation says int.
@@ -117,16 +119,19 @@ def claim(
 
 
 def any_waiting(connection: Redis, queue_names: Sequence[str]) -> bool:
-    """Whether any of ``queue_names`` holds a job: an RQ queue's list exists only while it does."""
-    return bool(connection.exists(*(layout.queue_keys(n).queue for n in queue_names)))
+    """Whether any of ``queue_names`` holds a job: an RQ queue's list (or its fair backlog) exists only while it
+    does."""
+    each = [layout.queue_keys(n) for n in queue_names]
+    return bool(connection.exists(*(qk.queue for qk in each), *(qk.fair_backlog for qk in each)))
 
 
 def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:
         return []
-    args = {"want": want, "stop": keys.CHUNK_PREFIX}
-    return [calls.text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
+    args = {"want": want, "stop": keys.CHUNK_PREFIX, "window": layout.FAIR_WINDOW}
+    fixed = [qk.queue, qk.intermediate, qk.fair_tags, qk.fair_backlog]
+    return [calls.text(i) for i in scripts.POP(connection, fixed, args=args)]
 
 
 def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:

@@ -117,8 +117,8 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     qk = layout.queue_keys(queue_name)
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
-    fixed += [keys.tenant_rate_key(new.tenant), keys.fair_tags_key(queue_name), keys.fair_state_key(queue_name)]
-    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model)]
+    fixed += [keys.tenant_rate_key(new.tenant), qk.fair_tags, qk.fair_state]
+    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model), qk.fair_backlog]
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
@@ -130,6 +130,7 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
         "fair": "1" if new.fair else "0",
         "tenant": new.tenant,
         "cost": repr(1.0 / new.weight),
+        "fair_window": layout.FAIR_WINDOW,
         "lane": new.lane,
         "totals_ttl": metrics.TOTALS_TTL_S,
         "payload": new.payload,
@@ -209,7 +210,7 @@ def _cancel_call(settings: Settings, job_id: str, owner: str | None, origin: byt
     job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
     job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
     job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
-    job_keys.append(keys.attempt_key(job_id))
+    job_keys += [keys.attempt_key(job_id), qk.fair_tags, qk.fair_backlog]
     args = {
         "id": job_id,
         "owner": owner or "",

@@ -10,8 +10,9 @@ import pytest
 import redis as redis_py
 
 from inferq.shared import keys
+from inferq.shared.errors import QueueFull
 from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view, new_job_id
-from inferq.shared.lifecycle import bulk
+from inferq.shared.lifecycle import bulk, census, claims, layout
 from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
 from inferq.shared.settings import Settings
 from inferq.workers.batching import BatchWorker
@@ -111,3 +112,63 @@ def test_bulk_chunks_take_turns_by_the_items_they_carry(redis: redis_py.Redis, s
     owners = "".join("a" if keys.batch_of_chunk(c) == big else "b" for c in chunks)
     assert owners == "ab" + "ab" + "a" * 8, owners
     assert small in {keys.batch_of_chunk(c) for c in chunks}
+
+
+def _calls(redis: redis_py.Redis, command: str) -> int:
+    return int(redis.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_cancel_takes_its_job_out_of_the_fair_order(redis: redis_py.Redis, settings: Settings) -> None:
+    """Issue 45 item 18: a canceled job left its tag, and a later submit tried each stale tag as its place in turn,
+    reading the whole queue each time inside one script (63k of them held Redis 9.88 s)."""
+    a = [submit(redis, settings, "a") for _ in range(500)]
+    for job_id in a[1:401]:
+        cancel_job(QueueCache(redis), settings, job_id)
+    redis.config_resetstat()
+    b = submit(redis, settings, "b")  # its place: right after a's first, the head
+    assert _calls(redis, "linsert") == 1  # one place tried, the right one
+    assert [i.decode() for i in redis.lrange(QUEUE, 0, 2)] == [a[0], b, a[401]]
+    tags = keys.fair_tags_key("inferq.echo")
+    assert {m.decode() for m in redis.zrange(tags, 0, -1)} == {a[0], b, *a[401:]}
+
+
+def test_a_placement_reads_at_most_the_lists_window_and_the_order_holds(
+    redis: redis_py.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However long the queue, the RQ list holds the first FAIR_WINDOW jobs of the fair order and the rest wait in
+    its backlog: a LINSERT reads at most the window. Drained, the jobs come in fair order all the same."""
+    monkeypatch.setattr(layout, "FAIR_WINDOW", 20, raising=False)
+    weights = {"a": 1.0, "b": 2.0, "c": 0.5}
+    owner: dict[str, str] = {}
+    tag: dict[str, float] = {}
+    ends = dict.fromkeys(weights, 0.0)
+    sequence = ["a"] * 60 + ["b", "c"] * 40 + ["a", "b"] * 30  # no claims meanwhile: every start is its tenant's end
+    for tenant in sequence:
+        job_id = submit(redis, settings, tenant, weight=weights[tenant])
+        owner[job_id], tag[job_id] = tenant, ends[tenant]
+        ends[tenant] += 1 / weights[tenant]
+        assert redis.llen(QUEUE) <= 20
+    backlog = keys.fair_backlog_key("inferq.echo")
+    assert redis.llen(QUEUE) == 20 and redis.zcard(backlog) == len(sequence) - 20
+    assert census.read_cluster(redis, ["echo"]).models["echo"].depth[keys.INTERACTIVE] == len(sequence)
+    assert 0 < redis.ttl(backlog) <= settings.queue_ttl_s
+    full = Submission("echo", b'{"inputs": [1, 1]}', "application/json", tenant="a", fair=True, max_queue_length=200)
+    with pytest.raises(QueueFull):  # the backlog's jobs are queued too
+        enqueue_job(QueueCache(redis), settings, full)
+
+    qk = layout.queue_keys("inferq.echo")
+    served: list[str] = []
+    late = ""
+    while len(served) < len(sequence) + (1 if late else 0):
+        claimed = claims.claim(redis, [qk.name], None)
+        assert claimed is not None
+        served += [claimed[0], *claims.pop(redis, qk, 3)]
+        assert redis.llen(QUEUE) <= 20
+        if len(served) >= 100 and not late:
+            late = submit(redis, settings, "d")  # a tenant new to the queue: served next, whatever waits
+            at = len(served)
+    assert sorted(served) == sorted([*owner, late])
+    assert late in served[at : at + 4]
+    ran = [tag[i] for i in served if i != late]
+    assert ran == sorted(ran), "served out of fair order"
+    assert redis.exists(QUEUE, backlog, keys.fair_tags_key("inferq.echo")) == 0

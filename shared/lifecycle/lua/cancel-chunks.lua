@@ -2,14 +2,15 @@
 -- chunks running finish. {'ok'}, {'missing'} (unknown, another owner's, or not yet visible) or {'ended'}.
 -- A canceled chunk leaves the queue list here only while the slice's LREMs read at most `scan_bound` entries in all
 -- (queue length x chunks); else its id stays until a worker pops it, and the start drops it (no longer queued).
+-- One in the queue's fair backlog (lib/fair.lua: fair_tags, fair_backlog) leaves it here whatever its length.
 -- owner: '' for any; ttl: a canceled chunk's; canceled_tail: a canceled item's line tail (``lua.line_tail``).
 -- record, results: the batch's; canceled: the queue's canceled registry; delivery: the batch's webhook delivery.
 -- span: a chunk's attempt's trace span (tracing on), left by an attempt that never ended.
 --
--- KEYS: record, results, queue, canceled, delivery, hook_queue, queues, metrics, window, waiting
+-- KEYS: record, results, queue, canceled, delivery, hook_queue, queues, metrics, window, waiting, fair_tags, fair_backlog
 -- KEYS per item: job, info, payload, span
 -- ARGV: owner, ttl, now, stamp, channel, canceled_tail, scan_bound, @metrics, @delivery
--- uses: announce
+-- uses: announce, fair
 
 local record, results = K.record, K.results
 local owner, ttl, now_s, stamp, channel = A.owner, tonumber(A.ttl), tonumber(A.now), A.stamp, A.channel
@@ -25,7 +26,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
   if items > 0 and redis.call('HGET', job, 'status') == 'queued' and redis.call('HEXISTS', info, F.CANCELED) == 0 then
     local id = redis.call('HGET', info, F.ID)
     redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
-    if scan then redis.call('LREM', K.queue, 1, id) end
+    if not fair_forget(K.fair_tags, K.fair_backlog, id) and scan then redis.call('LREM', K.queue, 1, id) end
     redis.call('HSET', info, F.CANCELED, '1', F.ANNOUNCED, '1')
     redis.call('ZADD', K.canceled, now_s + ttl, id)
     local lines = chunk_lines(info, A.canceled_tail)

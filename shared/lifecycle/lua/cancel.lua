@@ -4,9 +4,11 @@
 --
 -- span: its running attempt's trace span (tracing on), gone with its end.
 --
--- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window, span
+-- fair_tags, fair_backlog: the queue's fair order (lib/fair.lua), which the job leaves.
+--
+-- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window, span, fair_tags, fair_backlog
 -- ARGV: id, owner, origin, ttl, now, stamp, channel, @metrics, @delivery
--- uses: announce
+-- uses: announce, fair
 
 local job, info, id = K.job, K.info, A.id
 local ttl, now_s, stamp = tonumber(A.ttl), tonumber(A.now), A.stamp
@@ -18,7 +20,7 @@ if status == 'finished' or status == 'failed' or status == 'stopped' or status =
   return {'conflict', status}
 end
 redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
-redis.call('LREM', K.queue, 0, id)
+if not fair_forget(K.fair_tags, K.fair_backlog, id) then redis.call('LREM', K.queue, 0, id) end
 for _, exec_id in ipairs(redis.call('ZRANGE', K.executions, 0, -1)) do
   redis.call('ZREM', K.started, id .. ':' .. exec_id)
 end
