@@ -7,8 +7,8 @@
 -- head's tag) holds the tenants' places.
 --
 -- The order's first `window` jobs are the RQ list itself, in order (`rq info` counts them, the claims are
--- unchanged): a job placed among them goes before the first with a higher tag (`tags`, a sorted set id -> tag,
--- finds it; LINSERT then reads at most the window). The rest wait in `backlog` (a sorted set id -> tag): a job
+-- unchanged), in order of tag then id (equal tags in id order, as the sorted sets hold them): a job placed among
+-- them goes before the one after it in `tags` (a sorted set id -> tag; LINSERT then reads at most the window). The rest wait in `backlog` (a sorted set id -> tag): a job
 -- whose tag is past the list's last goes there once the list is full, and as the list's jobs are claimed the
 -- backlog's lowest tags move to its tail. So every placement, claim and cancel does bounded work whatever the queue
 -- holds: at most the window's length in the list, O(log n) in the sorted sets. A job leaves `tags` or `backlog`
@@ -58,17 +58,17 @@ local function fair_place(queue, tags, state, backlog, id, tenant, cost, ttl, wi
   local start = math.max(v, tonumber(redis.call('HGET', state, tenant) or '0'))
   local text = fair_text(start)
   redis.call('HSET', state, ' v', fair_text(v), tenant, fair_text(start + cost))
-  local listed = redis.call('ZCARD', backlog) == 0 and redis.call('LLEN', queue) < window
-  if not listed then
-    local last = redis.call('ZRANGE', tags, -1, -1, 'WITHSCORES')
-    listed = last[2] ~= nil and start < tonumber(last[2])
-  end
-  if not listed then
+  -- The list is in (tag, id) order, as `tags` and `backlog` are: its place is before the job after it in `tags`.
+  redis.call('ZADD', tags, text, id)
+  local rank = redis.call('ZRANK', tags, id)
+  local full = redis.call('ZCARD', backlog) > 0 or redis.call('LLEN', queue) >= window
+  if full and rank == redis.call('ZCARD', tags) - 1 then
+    redis.call('ZREM', tags, id)  -- past every job in the list: it waits in the backlog
     redis.call('ZADD', backlog, text, id)
   else
     local placed = false
-    for _ = 1, 3 do  -- a pivot that left the list some other way is passed over, a few at most
-      local after = redis.call('ZRANGEBYSCORE', tags, '(' .. text, '+inf', 'LIMIT', 0, 1)[1]
+    for _ = 1, 3 do  -- a job after it that left the list some other way is passed over, a few at most
+      local after = redis.call('ZRANGE', tags, rank + 1, rank + 1)[1]
       if not after then break end
       if redis.call('LINSERT', queue, 'BEFORE', after, id) > 0 then
         placed = true
@@ -77,7 +77,6 @@ local function fair_place(queue, tags, state, backlog, id, tenant, cost, ttl, wi
       redis.call('ZREM', tags, after)
     end
     if not placed then redis.call('RPUSH', queue, id) end
-    redis.call('ZADD', tags, text, id)
     -- A full list hands its last job to the backlog: the list stays the order's first `window`.
     if redis.call('LLEN', queue) > window then
       local tail = redis.call('LINDEX', queue, -1)
