@@ -92,6 +92,16 @@ ROLLBACK_TTL_S = 7 * 86_400
 VERSION_STATE_TTL_S = 86_400
 
 
+def withdrawn_key(job_id: str) -> str:
+    """A submit whose answer never came back in time, withdrawn (lua/withdraw.lua): its enqueue, should it reach
+    Redis late, stores nothing. Lives ``WITHDRAWN_TTL_S``."""
+    return f"{PREFIX}:withdrawn:{job_id}"
+
+
+# Longer than any submit can wait in a socket or behind a stalled Redis before it runs.
+WITHDRAWN_TTL_S = 3600
+
+
 def attempt_key(job_id: str) -> str:
     """Tracing on: the span of the job's attempt now running, and when it began (shared/tracing.py), so a retry
     links to it. It lives no longer than the started job's own hash, and goes with the job's end (the scripts that

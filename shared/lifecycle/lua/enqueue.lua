@@ -15,11 +15,14 @@
 -- A tenant's job (any tenant but `default`, the one of a deployment without tenants) is counted as accepted in its
 -- lane in the model's metrics `totals` (shared/metrics.py ACCEPTED): less its ended ones, what it has in flight.
 --
--- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals, fair_backlog
+-- withdrawn: set when the API gave up on this submit and withdrew it (lua/withdraw.lua): a late run stores nothing.
+--
+-- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals, fair_backlog, withdrawn
 -- KEYS per item: idempotency
 -- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, fair_window, lane, totals_ttl, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
 -- uses: fair
 
+if redis.call('EXISTS', K.withdrawn) == 1 then return {'withdrawn', ''} end
 local idem = KEYS[FIXED + 1]
 if idem then
   local existing = redis.call('GET', idem)
