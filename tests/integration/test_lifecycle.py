@@ -150,6 +150,10 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     fair = [_submit(redis, settings, tenant=t, fair=True, jobs_per_minute=100) for t in ("t1", "t1", "t2")]
     cancel_job(QueueCache(redis), settings, fair[1])
     _submit(redis, settings, tenant="t3", fair=True)
+    # A submit whose answer was lost, withdrawn (as the API does before its 503).
+    lost = Submission("echo", b'{"inputs": [1, 1]}', "application/json", idempotency_key="k9", tenant="t2", fair=True)
+    lost_id = enqueue_job(QueueCache(redis), settings, lost).id
+    scripts.WITHDRAW(redis, *submit._withdraw_call(_new_job(settings, lost, lost_id)))
     expired = _submit(redis, settings)
     redis.delete(JSONJob.key_for(expired))
     redis.hset(keys.info_key(expired), "deadline", f"{time.time() - 1:.3f}")
@@ -183,10 +187,6 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     # A version's window of outcomes, for its rollback.
     versions.judge(redis, version_2, [(True, "a"), (False, "b")], None, True)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
-    # A submit whose answer was lost, withdrawn (as the API does before its 503).
-    lost = Submission("echo", b'{"inputs": [1, 1]}', "application/json", idempotency_key="k9", tenant="t2", fair=True)
-    lost_id = enqueue_job(QueueCache(redis), settings, lost).id
-    scripts.WITHDRAW(redis, *submit._withdraw_call(_new_job(settings, lost, lost_id)))
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"
 
