@@ -186,8 +186,11 @@ class AppState:
         with shard.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 for lane in keys.LANES:
-                    pipe.llen(shard.queues.get(keys.queue_name(name, lane)).key)
-            flat = [int(n) for n in pipe.execute()]
+                    queue_name = keys.queue_name(name, lane)
+                    pipe.llen(shard.queues.get(queue_name).key)
+                    pipe.zcard(keys.fair_backlog_key(queue_name))  # past the list, in fair order
+            replies = [int(n) for n in pipe.execute()]
+            flat = [a + b for a, b in zip(replies[::2], replies[1::2], strict=True)]
         lanes = len(keys.LANES)
         return {
             name: dict(zip(keys.LANES, flat[at : at + lanes], strict=True))

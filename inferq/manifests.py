@@ -1,7 +1,8 @@
 """`inferq manifests version MODEL N`: the Kubernetes objects that serve one more version of a model, made from the
 model's own worker manifest (``deploy/kubernetes/worker-MODEL.yaml``), as `inferq up` serves versions: a worker
-Deployment of its own (``--model MODEL@N``) and a KEDA ScaledObject on that version's RQ queues and started
-registries. Every other setting (image, resources, GPU, scaling bounds, Redis address) is the model's.
+Deployment of its own (``--model MODEL@N``) and a KEDA ScaledObject on that version's RQ queues, started
+registries and fair backlogs. Every other setting (image, resources, GPU, scaling bounds, Redis address) is the
+model's.
 
 Written here rather than as a kustomize overlay: an overlay cannot turn ``digits`` into ``digits@2`` inside a
 command line and four Redis key names without a patch per field, which a person would have to write per version.
@@ -34,15 +35,12 @@ def version_objects(model_docs: list[dict[str, Any]], model: str, version: int) 
 
     served = keys.served_name(model, version)
     base, name = worker_name(model, 1), worker_name(model, version)
-    lists = {
-        layout.queue_keys(keys.queue_name(model, lane)).queue: layout.queue_keys(keys.queue_name(served, lane)).queue
-        for lane in keys.LANES
-    } | {
-        layout.queue_keys(keys.queue_name(model, lane)).started: layout.queue_keys(
-            keys.queue_name(served, lane)
-        ).started
-        for lane in keys.LANES
-    }
+    lists: dict[str, str] = {}
+    for lane in keys.LANES:
+        base_keys = layout.queue_keys(keys.queue_name(model, lane))
+        served_keys = layout.queue_keys(keys.queue_name(served, lane))
+        for field in ("queue", "started", "fair_backlog"):
+            lists[getattr(base_keys, field)] = getattr(served_keys, field)
     out = []
     for doc in model_docs:
         if doc.get("metadata", {}).get("name") != base or doc.get("kind") not in ("Deployment", "ScaledObject"):

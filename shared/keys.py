@@ -99,9 +99,20 @@ ROLLBACK_TTL_S = 7 * 86_400
 VERSION_STATE_TTL_S = 86_400
 
 
+def withdrawn_key(job_id: str) -> str:
+    """A submit whose answer never came back in time, withdrawn (lua/withdraw.lua): its enqueue, should it reach
+    Redis late, stores nothing. Lives ``WITHDRAWN_TTL_S``."""
+    return f"{PREFIX}:withdrawn:{job_id}"
+
+
+# Longer than any submit can wait in a socket or behind a stalled Redis before it runs.
+WITHDRAWN_TTL_S = 3600
+
+
 def attempt_key(job_id: str) -> str:
     """Tracing on: the span of the job's attempt now running, and when it began (shared/tracing.py), so a retry
-    links to it."""
+    links to it. It lives no longer than the started job's own hash, and goes with the job's end (the scripts that
+    end a job; the finish keeps its value in the info hash, ``F.ENDED_IN``)."""
     return f"{PREFIX}:attempt:{job_id}"
 
 
@@ -160,14 +171,20 @@ def tenant_bulk_lines_key(tenant: str) -> str:
 
 
 def fair_tags_key(queue_name: str) -> str:
-    """A queue's waiting jobs' virtual finish tags, while several tenants share it (lua/lib/fair.lua); it expires
-    with a queued job's TTL and is dropped whenever the queue empties."""
+    """The virtual start tags of a queue's jobs in its RQ list, while several tenants share it (lua/lib/fair.lua); it
+    expires with a queued job's TTL and is dropped whenever the queue empties."""
     return f"{PREFIX}:fair:{queue_name}:tags"
 
 
 def fair_state_key(queue_name: str) -> str:
     """A queue's tenants' last virtual finish tags (lua/lib/fair.lua), with the same life as ``fair_tags_key``."""
     return f"{PREFIX}:fair:{queue_name}:state"
+
+
+def fair_backlog_key(queue_name: str) -> str:
+    """A queue's jobs in fair order past its RQ list's first ``layout.FAIR_WINDOW`` (lua/lib/fair.lua): a sorted set
+    of job id -> virtual start tag, moved into the list as it is claimed; with the same life as ``fair_tags_key``."""
+    return f"{PREFIX}:fair:{queue_name}:backlog"
 
 
 def waiting_items_key(queue_name: str) -> str:

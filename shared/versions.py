@@ -17,7 +17,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -91,17 +91,24 @@ class RolledBack:
     weights_sha256: str | None
 
 
-def judge(connection: Any, config: ModelConfig, failed: list[bool], weights: str | None) -> str | None:
-    """Add a batch's outcomes to its version's window; the reason when this rolled the version back, else None."""
+def judge(
+    connection: Any, config: ModelConfig, outcomes: Sequence[tuple[bool, str]], weights: str | None, spread: bool
+) -> str | None:
+    """Add a batch's outcomes to its version's window; the reason when this rolled the version back, else None.
+
+    ``outcomes``: per item the model ran (or failed on), whether it failed and its job's tenant; an item refused as
+    bad input is not among them. ``spread`` (several tenants): the verdict must hold without any one tenant's jobs too.
+    """
     rollback = config.rollback
-    if rollback is None or not failed:
+    if rollback is None or not outcomes:
         return None
     fixed = [keys.outcomes_key(config.served), keys.rollback_key(config.served)]
     args = {
-        "outcomes": ["1" if f else "0" for f in failed],
+        "outcomes": [("1" if failed else "0") + tenant for failed, tenant in outcomes],
         "window": rollback.window,
         "max_rate": repr(rollback.max_failure_rate),
         "min_jobs": min(rollback.min_jobs, rollback.window),
+        "spread": "1" if spread else "0",
         "ttl": keys.ROLLBACK_TTL_S,
         "model": config.name,
         "version": config.version,

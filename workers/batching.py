@@ -121,6 +121,8 @@ class BatchWorker(SimpleWorker):
         # A batch whose start lost Redis, ran or not: (queue, ids, the executions it would have), given back.
         self._lost: tuple[Queue, list[str], list[str]] | None = None
         self.lanes = LanePolicy(list(runners), settings.bulk_share, settings.bulk_anticipate_ms)
+        # Several tenants: no one tenant's jobs alone roll a version back (shared/versions.py ``judge``).
+        self.several_tenants = len(settings.tenant_list) > 1
         # SIGUSR1 (``drain``): serve what waits in its queues, then exit (a version removed from the repository).
         self.draining = False
         # A drainer started in place of a draining worker that died (``inferq worker --drain``): it also serves the
@@ -614,8 +616,7 @@ class BatchWorker(SimpleWorker):
 
     def _running_job_ttl_s(self) -> int:
         """A running job's hash outlives the job's timeout; the keep-alive extends it while the batch runs."""
-        settings = self.settings
-        return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
+        return claims.running_job_ttl_s(self.settings)
 
     def _finish(
         self, runner: ModelRunner, items: list[Item], queue: Queue, ended_at: datetime, report: BatchReport | None
@@ -645,8 +646,10 @@ class BatchWorker(SimpleWorker):
             call = finish.finish(pipe, self.settings, qk, outcomes, self.name, self.key, working_s, batch)
             vanished, superseded, events = finish.finished(call, pipe.execute())
         if runner.judged:
-            failed = [item.error is not None for item in items]
-            reason = versions.judge(self.connection, runner.config, failed, runner.weights_sha256)
+            # The model's verdicts only: an item refused as bad input is the client's, never the version's.
+            judged = [(i.error is not None, i.job.info.get(F.TENANT, "")) for i in items if not i.input_refused]
+            weights = runner.weights_sha256
+            reason = versions.judge(self.connection, runner.config, judged, weights, self.several_tenants)
             if reason is not None:
                 log.error(
                     "model %s version %d is rolled back: %s; unpinned jobs go to its other versions",

@@ -9,9 +9,13 @@ Three policies (``INFERQ_BATCH_WAIT``, ``INFERQ_MAX_WAIT_MS``):
 - ``adaptive`` (the default), learned per model from what the worker measures itself:
 
   * the model's batch-time curve, ``T(b) = fixed + per_item * b``, a least-squares line through the time each batch
-    size took (start, decode, forward). ``fixed`` is what a job that misses this batch costs: the next batch pays it
-    again. No wait is ever longer than ``fixed``: past it, running a second batch would have cost less than the
-    wait (the ski-rental bound), so a wrong guess costs at most one batch's fixed cost;
+    size took (start, decode, forward): each size's median of its last ``SAMPLES`` batches, so one slow batch (the
+    first of a size compiling its kernels, a pause of the host) moves nothing. ``fixed`` is what a job that misses
+    this batch costs: the next batch pays it again. It is never more than the cheapest batch size's own time (a
+    line steered by a size seen rarely, or sloping down, would say more: a slow first batch of one then read as a
+    fixed cost of seconds for a model whose batches take milliseconds). No wait is ever longer than ``fixed``: past
+    it, running a second batch would have cost less than the wait (the ski-rental bound), so a wrong guess costs at
+    most one batch's time;
   * what its waits brought: the share of waits that brought a job (the hit rate), how long waits took, and when,
     from a wait's start, jobs came. Clients that send again once answered come back together, within a few ms.
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -52,8 +57,9 @@ MAX_WINDOW_S = 10.0
 MAX_PROBE_EVERY = 32
 # A fixed cost below this is no reason to wait: it is less than a look for more jobs costs.
 MIN_FIXED_S = 0.0005
-# How fast a batch size's time follows a change (an exponential moving average's weight of the new one).
-CURVE_WEIGHT = 0.2
+# A batch size's time is the median of its last this many batches: an outlier is outvoted, a change followed
+# within a few batches.
+SAMPLES = 9
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,14 @@ class Curve:
     def __init__(self) -> None:
         self.seconds: dict[int, float] = {}
         self.counts: dict[int, int] = {}
+        self._recent: dict[int, deque[float]] = {}
 
     def add(self, size: int, seconds: float) -> None:
         if size < 1 or not math.isfinite(seconds) or seconds < 0:
             return
-        old = self.seconds.get(size)
-        self.seconds[size] = seconds if old is None else old + CURVE_WEIGHT * (seconds - old)
+        recent = self._recent.setdefault(size, deque(maxlen=SAMPLES))
+        recent.append(seconds)
+        self.seconds[size] = statistics.median(recent)
         self.counts[size] = self.counts.get(size, 0) + 1
 
     def line(self) -> tuple[float, float] | None:
@@ -92,6 +100,12 @@ class Curve:
         per_item = sum(w * (b - mean_b) * (self.seconds[b] - mean_t) for b, w in weights.items()) / var
         return mean_t - per_item * mean_b, per_item
 
+    def fixed_s(self) -> float | None:
+        """A batch's fixed cost: the line's intercept, at most the time the cheapest batch size takes (None before
+        the line is known)."""
+        line = self.line()
+        return None if line is None else min(line[0], min(self.seconds.values()))
+
 
 class AdaptiveWait:
     """The adaptive policy for one model (module docstring)."""
@@ -107,8 +121,8 @@ class AdaptiveWait:
         self._since_probe = 0
 
     def fixed_cost_s(self) -> float | None:
-        line = self.curve.line()
-        return line[0] if line is not None and line[0] >= MIN_FIXED_S else None
+        fixed = self.curve.fixed_s()
+        return fixed if fixed is not None and fixed >= MIN_FIXED_S else None
 
     def hit_rate(self) -> float | None:
         return sum(self.hits) / len(self.hits) if len(self.hits) >= MIN_WAITS else None

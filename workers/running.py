@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from inferq.shared.errors import AppError, ConfigError
+from inferq.shared.errors import AppError, ConfigError, InvalidInput
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.models import ModelConfig, weights_sha256
 from inferq.workers import fusion
@@ -75,10 +75,14 @@ class Item:
     output_json: str | None = None  # the output as JSON, checked encodable once and stored as it is
     error: str | None = None
     traceback: str | None = None
+    # It failed for its input, not for the model (the handler refused it as the client's: ``InvalidInput``; or it
+    # expired): a version's rollback never counts it (shared/versions.py ``judge``).
+    input_refused: bool = False
 
-    def fail(self, reason: str, exc: BaseException | None = None) -> None:
+    def fail(self, reason: str, exc: BaseException | None = None, *, input_refused: bool = False) -> None:
         self.error = reason
         self.traceback = "".join(traceback.format_exception(exc)) if exc is not None else reason
+        self.input_refused = input_refused or isinstance(exc, InvalidInput)
 
 
 @dataclass
@@ -134,7 +138,7 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
     started, began = time.perf_counter(), time.time_ns()
     for item in items:
         if item.payload is None:
-            item.fail("the job's input expired before it ran")
+            item.fail("the job's input expired before it ran", input_refused=True)
             continue
         try:
             item.value = runner.handler.preprocess(item.payload, item.content_type)

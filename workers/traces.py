@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis import Redis
 
 from inferq.shared import keys, tracing
+from inferq.shared.lifecycle import claims
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.lifecycle.info import F
 from inferq.shared.settings import Settings
@@ -83,7 +84,8 @@ class BatchTrace:
             )
 
         self.attempts: dict[str, Any] = {}
-        ttl_s = settings.queue_ttl_s + settings.job_timeout_s + 600
+        # No longer than the started job's own hash: it goes with the job's end (the scripts that end a job).
+        ttl_s = claims.running_job_ttl_s(settings)
         with connection.pipeline(transaction=False) as pipe:
             for job, parent in zip(self.jobs, parents, strict=True):
                 job_id = {"messaging.message.id": job.id}
@@ -209,10 +211,8 @@ def webhook_span(connection: Redis, job_id: str, attempt: int) -> WebhookSpan | 
     from opentelemetry.trace import SpanKind
 
     try:
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.get(keys.attempt_key(job_id))
-            pipe.hmget(keys.info_key(job_id), [F.TRACEPARENT, F.TRACESTATE])
-            ran, (traceparent, tracestate) = pipe.execute()
+        fields = [F.ENDED_IN, F.TRACEPARENT, F.TRACESTATE]
+        ran, traceparent, tracestate = cast(list[bytes | None], connection.hmget(keys.info_key(job_id), fields))
         if ran:  # the attempt that ended the job: "<traceparent> <start>"
             traceparent, tracestate = ran.split(b" ", 1)[0], None
         if not traceparent:

@@ -36,7 +36,7 @@ from rq.exceptions import DequeueTimeout
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from inferq.shared import keys, metrics, signing, tracing
+from inferq.shared import durability, keys, metrics, signing, tracing
 from inferq.shared.connections import is_unavailable
 from inferq.shared.errors import InvalidInput, NotFound
 from inferq.shared.jobs import get_job_view, isoformat, utcnow
@@ -55,6 +55,8 @@ RETRYABLE_STATUS = {408, 429}
 MAX_RETRY_AFTER_S = 3600.0
 # Enough to see a receiver's status and a short error; a receiver cannot make us hold more.
 RESPONSE_BYTES_MAX = 4096
+# An end not yet confirmed on a replica (INFERQ_DURABILITY): its delivery looks again this much later.
+UNCONFIRMED_RETRY_S = 1.0
 
 
 def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
@@ -87,6 +89,12 @@ def deliver(job_id: str | None = None, attempt: int = 1) -> dict[str, Any]:
         body = encode_view(view)
     if not url:
         return {"job_id": job_id, "attempt": attempt, "outcome": "no webhook"}
+    if durability.defers(settings) and durability.confirm_all(connection, settings) is not None:
+        # INFERQ_DURABILITY: the end it tells is not confirmed on a replica (or disk) yet, and an end is told only once
+        # it is, as its event is (shared/durability.py). No attempt is spent: it waits until the job's record expires.
+        log.info("webhook for %s: waiting until a replica has the job's end (%s)", job_id, settings.durability)
+        _schedule(connection, settings, subject, attempt, UNCONFIRMED_RETRY_S)
+        return {"job_id": job_id, "attempt": attempt, "outcome": "waiting for a replica"}
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     # webhook-id stays the same across retries so receivers can deduplicate.
     headers = signing.headers(secret, f"msg_{job_id}", body)

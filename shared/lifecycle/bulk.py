@@ -194,7 +194,7 @@ def cancel_batch(connection: Redis, settings: Settings, batch_id: str, owner: st
     qk = layout.queue_keys(keys.queue_name(model.decode(), lane.decode()))
     fixed = [keys.batch_key(batch_id), keys.batch_results_key(batch_id), qk.queue, qk.canceled]
     fixed += [layout.batch_delivery_key(batch_id), layout.hooks().queue, layout.QUEUES_SET]
-    fixed += [*calls.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name)]
+    fixed += [*calls.metrics_keys(model.decode())[:2], keys.waiting_items_key(qk.name), qk.fair_tags, qk.fair_backlog]
     per_call = max(1, min(CANCEL_SLICE_CHUNKS, CANCEL_SLICE_ITEMS // int(chunk_size or 1)))
     events: list[bytes] = []
     try:
@@ -216,7 +216,9 @@ def _cancel_slices(
     for start in range(0, max(int(chunks or 0), 1), per_call):
         # The chunk list is complete and never changes once the batch is visible.
         span = cast(list[bytes], connection.lrange(keys.batch_chunks_key(batch_id), start, start + per_call - 1))
-        per_chunk = [[layout.job_key(i), keys.info_key(i), keys.payload_key(i)] for i in map(_text, span)]
+        per_chunk = [
+            [layout.job_key(i), keys.info_key(i), keys.payload_key(i), keys.attempt_key(i)] for i in map(_text, span)
+        ]
         args = {
             "owner": owner or "",
             "ttl": settings.canceled_ttl_s,

@@ -29,9 +29,10 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
             pipe.hgetall(keys.metrics_key(model))
             pipe.exists(keys.rollback_key(model))
             for lane in lanes:
-                queue = layout.queue_keys(keys.queue_name(model, lane)).queue
-                pipe.llen(queue)
-                pipe.lindex(queue, 0)
+                qk = layout.queue_keys(keys.queue_name(model, lane))
+                pipe.llen(qk.queue)
+                pipe.zcard(qk.fair_backlog)  # past the list's window, in fair order (lua/lib/fair.lua)
+                pipe.lindex(qk.queue, 0)
         pipe.hgetall(keys.WEBHOOK_METRICS_KEY)
         pipe.hgetall(keys.HTTP_METRICS_KEY)
         pipe.smembers(REDIS_WORKER_KEYS)
@@ -45,9 +46,9 @@ def read_cluster(connection: Redis, models: Sequence[str]) -> metrics.Cluster:
         )
         at += 2
         for lane in lanes:
-            depth, head = replies[at], replies[at + 1]
-            at += 2
-            state.depth[lane] = int(depth)
+            depth, backlog, head = replies[at], replies[at + 1], replies[at + 2]
+            at += 3
+            state.depth[lane] = int(depth) + int(backlog)
             state.oldest_age_s[lane] = 0.0
             if head is not None:
                 heads.append((model, lane, _text(head)))

@@ -34,6 +34,12 @@ MULTI_QUEUE_POLL_S = 0.02
 BLOCK_SLICE_S = 0.5
 
 
+def running_job_ttl_s(settings: Settings) -> int:
+    """How long a started job's hash, input and info live (the start's TTL; the keep-alive extends them while its
+    batch runs): its timeout, a heartbeat's lapse, then as long as a failure is kept."""
+    return settings.job_timeout_s + settings.heartbeat_ttl_s + settings.failure_ttl_s
+
+
 def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str]) -> list[str]:
     """Publish ``failed`` and queue the webhook of jobs RQ's maintenance failed; each job is told once."""
     if not job_ids:
@@ -48,7 +54,7 @@ def announce_failed(connection: Redis, settings: Settings, job_ids: Sequence[str
     per_job = [
         [layout.job_key(i), keys.info_key(i), keys.webhook_attempts_key(i), layout.delivery_key(i)]
         + [keys.payload_key(i), *calls.batch_keys(i), *calls.metrics_keys(keys.model_from_queue(queue))]
-        + [keys.waiting_items_key(queue)]
+        + [keys.waiting_items_key(queue), keys.attempt_key(i)]
         for i, queue in zip(job_ids, queues, strict=True)
     ]
     failed, events = told(
@@ -85,11 +91,13 @@ def claim(
     interactive work and returning every ``BLOCK_SLICE_S`` to look at the others; else a poll with a
     backoff of at most ``MULTI_QUEUE_POLL_S``.
     """
-    pairs = [(layout.queue_keys(n).queue, layout.queue_keys(n).intermediate) for n in queue_names]
+    each = [layout.queue_keys(n) for n in queue_names]
+    quads = [(qk.queue, qk.intermediate, qk.fair_tags, qk.fair_backlog) for qk in each]
+    args = {"window": layout.FAIR_WINDOW}
     deadline = time.monotonic() + (timeout or 0)
     pause_s = 0.001
     while True:
-        found = scripts.CLAIM_FIRST(connection, [], pairs)
+        found = scripts.CLAIM_FIRST(connection, [], quads, args)
         if found:
             position, found_id = found
             return calls.text(found_id), queue_names[int(position) - 1]
@@ -97,7 +105,7 @@ def claim(
             return None
         left = deadline - time.monotonic()
         if left <= 0:
-            raise DequeueTimeout(timeout, ",".join(p[0] for p in pairs))
+            raise DequeueTimeout(timeout, ",".join(qk.queue for qk in each))
         if block_on is not None:
             qk = layout.queue_keys(block_on)
             # Redis takes a fractional timeout; redis-py's annotation says int.
@@ -111,8 +119,10 @@ def claim(
 
 
 def any_waiting(connection: Redis, queue_names: Sequence[str]) -> bool:
-    """Whether any of ``queue_names`` holds a job: an RQ queue's list exists only while it does."""
-    return bool(connection.exists(*(layout.queue_keys(n).queue for n in queue_names)))
+    """Whether any of ``queue_names`` holds a job: an RQ queue's list (or its fair backlog) exists only while it
+    does."""
+    each = [layout.queue_keys(n) for n in queue_names]
+    return bool(connection.exists(*(qk.queue for qk in each), *(qk.fair_backlog for qk in each)))
 
 
 def any_started(connection: Redis, queue_names: Sequence[str]) -> bool:
@@ -128,8 +138,9 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
     """Up to ``want`` more job IDs, moved into the intermediate list; it stops before a bulk chunk."""
     if want <= 0:
         return []
-    args = {"want": want, "stop": keys.CHUNK_PREFIX}
-    return [calls.text(i) for i in scripts.POP(connection, [qk.queue, qk.intermediate], args=args)]
+    args = {"want": want, "stop": keys.CHUNK_PREFIX, "window": layout.FAIR_WINDOW}
+    fixed = [qk.queue, qk.intermediate, qk.fair_tags, qk.fair_backlog]
+    return [calls.text(i) for i in scripts.POP(connection, fixed, args=args)]
 
 
 def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:
@@ -209,6 +220,7 @@ def start(
             keys.webhook_attempts_key(i),
             layout.delivery_key(i),
             *calls.batch_keys(i),
+            keys.attempt_key(i),
         ]
         for i, e in zip(job_ids, execution_ids, strict=True)
     ]

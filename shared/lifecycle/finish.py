@@ -79,6 +79,7 @@ def finish(
                 keys.webhook_attempts_key(job.id),
                 layout.delivery_key(job.id),
                 *calls.batch_keys(job.id),
+                keys.attempt_key(job.id),
             ]
         )
         entries.append(_entry(outcome, worker_name, pipe, stamps))

@@ -27,6 +27,9 @@ class F:
     # Tracing on (shared/tracing.py): the submit span's W3C context, the parent of the job's spans everywhere.
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
+    # Written by the finish, tracing on: the attempt span that ended the job ("<traceparent> <start ns>", as
+    # ``keys.attempt_key`` held it), the parent of its webhook's spans.
+    ENDED_IN = "ended_in"
     # Written by the finish.
     WEIGHTS = "weights_sha256"  # the content hash of the weights that answered (shared/models.py weights_sha256)
     BATCH_SIZE = "batch_size"

@@ -87,9 +87,14 @@ def offline_queue(name: str) -> JSONQueue:
     return JSONQueue(name, connection=_OFFLINE)
 
 
+# With several tenants, a queue's RQ list holds the first this many jobs of its fair order, the rest wait in its
+# backlog (lua/lib/fair.lua): a placement reads at most this much of the list.
+FAIR_WINDOW = 1000
+
+
 @dataclass(frozen=True)
 class QueueKeys:
-    """One queue's list and registries."""
+    """One queue's list and registries, and its fair order's keys (lua/lib/fair.lua)."""
 
     name: str
     queue: str
@@ -98,6 +103,9 @@ class QueueKeys:
     finished: str
     failed: str
     canceled: str
+    fair_tags: str
+    fair_state: str
+    fair_backlog: str
 
 
 @lru_cache(maxsize=256)
@@ -112,6 +120,9 @@ def queue_keys(name: str) -> QueueKeys:
         finished=FinishedJobRegistry(name, **args).key,
         failed=FailedJobRegistry(name, **args).key,
         canceled=CanceledJobRegistry(name, **args).key,
+        fair_tags=keys.fair_tags_key(name),
+        fair_state=keys.fair_state_key(name),
+        fair_backlog=keys.fair_backlog_key(name),
     )
 
 

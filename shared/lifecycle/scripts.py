@@ -29,6 +29,7 @@ GIVE_BACK = Script.load("give-back")
 GIVE_BACK_HELD = Script.load("give-back-held")
 RESCUE = Script.load("rescue")
 JUDGE = Script.load("judge")
+WITHDRAW = Script.load("withdraw")
 
 ALL = (
     CLAIM_FIRST,
@@ -42,5 +43,6 @@ ALL = (
     GIVE_BACK_HELD,
     RESCUE,
     JUDGE,
+    WITHDRAW,
     *bulk_scripts.ALL,
 )

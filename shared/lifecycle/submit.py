@@ -8,7 +8,10 @@ finish cannot both win, a vanished job is never re-created, and every end is tol
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,14 +21,19 @@ from typing import Any, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
 
 from inferq.shared import durability, keys, metrics, tenants
-from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded
+from inferq.shared.errors import Conflict, InvalidInput, NotFound, QueueFull, QuotaExceeded, Unavailable
 from inferq.shared.lifecycle import calls, layout, rqhash, scripts
 from inferq.shared.lifecycle.lua import told
 from inferq.shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -120,8 +128,9 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     qk = layout.queue_keys(queue_name)
     idem_key, idem_value = new.idempotency or ("", "")
     fixed = [qk.queue, layout.QUEUES_SET, layout.job_key(new.id), keys.payload_key(new.id), keys.info_key(new.id)]
-    fixed += [keys.tenant_rate_key(new.tenant), keys.fair_tags_key(queue_name), keys.fair_state_key(queue_name)]
-    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model)]
+    fixed += [keys.tenant_rate_key(new.tenant), qk.fair_tags, qk.fair_state]
+    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model), qk.fair_backlog]
+    fixed.append(keys.withdrawn_key(new.id))
     args = {
         "id": new.id,
         "max_length": new.max_queue_length,
@@ -133,6 +142,7 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
         "fair": "1" if new.fair else "0",
         "tenant": new.tenant,
         "cost": repr(1.0 / new.weight),
+        "fair_window": layout.FAIR_WINDOW,
         "lane": new.lane,
         "totals_ttl": metrics.TOTALS_TTL_S,
         "payload": new.payload,
@@ -145,18 +155,87 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
     return fixed, [[idem_key]] if idem_key else [], args, created_at
 
 
+# A submit sent whose outcome is unknown: no answer in time (Redis slow, busy, paused), a connection lost with it in
+# flight, or its write not confirmed (INFERQ_DURABILITY). A timeout is not a refusal: the script may have run, or may
+# yet run once Redis reads it. Such a submit is withdrawn before its caller is told 503 (``WITHDRAW``).
+_UNKNOWN = (RedisTimeoutError, RedisConnectionError, durability.NotConfirmed)
+
+
+def _withdraw_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, Any]]:
+    qk = layout.queue_keys(keys.queue_name(new.model, new.lane))
+    fixed = [keys.withdrawn_key(new.id), layout.job_key(new.id), keys.info_key(new.id), keys.payload_key(new.id)]
+    fixed += [qk.queue, qk.fair_tags, qk.fair_backlog]
+    fixed += [keys.tenant_in_flight_key(new.tenant), keys.metrics_key(new.model)]
+    items = [[new.idempotency[0]]] if new.idempotency else []
+    args = {"id": new.id, "ttl": keys.WITHDRAWN_TTL_S, "tenant": new.tenant, "lane": new.lane}
+    return fixed, items, args
+
+
 def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value)."""
+    """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value).
+
+    A submit whose answer does not come is withdrawn (``_UNKNOWN``): the error is raised once nothing of it can
+    stay (or, if its withdrawal gets no answer either, as it was), unless a worker already took its job: "ok"."""
     fixed, items, args, created_at = _enqueue_call(new)
-    verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
+    try:
+        verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
+    except _UNKNOWN:
+        try:
+            taken = calls.text(scripts.WITHDRAW(connection, *_withdraw_call(new))) == "taken"
+        except RedisError:
+            taken = False
+        if not taken:
+            raise
+        return "ok", "", created_at
     return calls.text(verdict), calls.text(existing), created_at
 
 
 async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments."""
+    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments, and the same withdrawal;
+    one that gets no answer either is sent again in the background until Redis runs it (``withdrawing``)."""
     fixed, items, args, created_at = _enqueue_call(new)
-    verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
+    try:
+        verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
+    except _UNKNOWN:
+        call = _withdraw_call(new)
+        try:
+            taken = calls.text(await scripts.WITHDRAW.call_async(connection, *call)) == "taken"
+        except durability.NotConfirmed:
+            taken = False  # it ran, unconfirmed as the submit was
+        except RedisError:
+            withdrawing.add(asyncio.create_task(_withdraw_later(connection, new.id, call)))
+            taken = False
+        if not taken:
+            raise
+        return "ok", "", created_at
     return calls.text(verdict), calls.text(existing), created_at
+
+
+# Withdrawals sent again in the background (a submit whose withdrawal got no answer in time either): the enqueue it
+# follows may still be in a socket, or behind a stalled Redis, and runs when Redis reads it.
+withdrawing: set[asyncio.Task[None]] = set()
+WITHDRAW_RETRY_FOR_S = 60.0
+
+
+async def _withdraw_later(connection: AsyncRedis, job_id: str, call: tuple[Any, ...]) -> None:
+    pause_s = 0.05
+    deadline = time.monotonic() + WITHDRAW_RETRY_FOR_S
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(pause_s)
+            try:
+                verdict = calls.text(await scripts.WITHDRAW.call_async(connection, *call))
+            except durability.NotConfirmed:
+                return  # it ran
+            except RedisError:
+                pause_s = min(pause_s * 2, 2.0)
+                continue
+            if verdict == "taken":  # in the moment between its late enqueue and this
+                log.warning("submit %s: answered 503, but a worker took its job before it was withdrawn", job_id)
+            return
+        log.warning("submit %s: answered 503; Redis took no withdrawal in %g s", job_id, WITHDRAW_RETRY_FOR_S)
+    finally:
+        withdrawing.discard(asyncio.current_task())  # type: ignore[arg-type]
 
 
 _ENQUEUED_FIELDS = ["status", "created_at", "enqueued_at", "origin"]
@@ -188,6 +267,8 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, te
     reached, or reuse."""
     if verdict == "full":
         raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict == "withdrawn":  # its caller gave up on it before it ran: never the answer a waiting caller reads
+        raise Unavailable("Redis did not answer this submit in time; it was withdrawn: retry")
     if verdict == "in_flight":
         raise QuotaExceeded(
             f"tenant {tenant} is over its quota in_flight: {existing} of its jobs have not ended; retry once some have",
@@ -214,6 +295,7 @@ def _cancel_call(settings: Settings, job_id: str, owner: str | None, origin: byt
     job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
     job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
     job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
+    job_keys += [keys.attempt_key(job_id), qk.fair_tags, qk.fair_backlog]
     args = {
         "id": job_id,
         "owner": owner or "",

@@ -194,7 +194,7 @@ class BatchWriter:
         waiting = keys.waiting_items_key(self.queue_name)
         fixed = [qk.queue, layout.QUEUES_SET, keys.batch_key(self.id), keys.batch_chunks_key(self.id)]
         fixed += [keys.batch_results_key(self.id), keys.batch_ids_key(self.id), idem_key, waiting]
-        fixed += [layout.job_key(keys.chunk_id(self.id, 0)), keys.tenant_bulk_lines_key(self.tenant)]
+        fixed += [layout.job_key(keys.chunk_id(self.id, 0)), keys.tenant_bulk_lines_key(self.tenant), qk.fair_backlog]
         args: dict[str, Any] = {
             "has_idempotency": "1" if idempotency else "0",
             "idempotency_value": idem_value,
@@ -220,11 +220,11 @@ class BatchWriter:
             per_chunk = [[layout.job_key(i), keys.payload_key(i), keys.info_key(i)] for i in ids]
             ttls = {"job_ttl": self.settings.batch_window_s, "payload_ttl": self.live_s, "info_ttl": self.info_ttl_s}
             fair = {"fair": "1" if self.fair else "0", "tenant": self.tenant, "lane": self.lane}
+            fair["fair_window"] = str(layout.FAIR_WINDOW)
             fair["totals_ttl"] = str(metrics.TOTALS_TTL_S)
             costs = [repr(size / self.weight) for size in sizes]
             args = {**ttls, "waiting_ttl": self.live_s, "items": sum(sizes), **fair, "ids": ids, "costs": costs}
-            fixed = [qk.queue, waiting, keys.fair_tags_key(self.queue_name), keys.fair_state_key(self.queue_name)]
-            fixed.append(keys.metrics_key(self.model))
+            fixed = [qk.queue, waiting, qk.fair_tags, qk.fair_state, keys.metrics_key(self.model), qk.fair_backlog]
             bulk_scripts.PUSH_CHUNKS(self.connection, fixed, per_chunk, args)
         hk = layout.hooks()
         fixed = [keys.batch_key(self.id), keys.batch_results_key(self.id), idem_key, layout.batch_delivery_key(self.id)]

@@ -89,7 +89,14 @@ def test_a_job_submitted_at_zero_workers_wakes_keda_and_runs_when_a_worker_start
             ids.append(response.json()["id"])
         assert "digits" in httpx.get(f"{no_workers.base}/readyz").json()["models_without_workers"]
         counts = _keda_counts(client, scaled)
-        assert counts == {"interactive": 2, "bulk": 0, "interactive-started": 0, "bulk-started": 0}
+        assert counts == {
+            "interactive": 2,
+            "bulk": 0,
+            "interactive-started": 0,
+            "bulk-started": 0,
+            "interactive-backlog": 0,  # one tenant: no fair order, no backlog
+            "bulk-backlog": 0,
+        }
         assert _keda_active(counts, scaled)  # KEDA starts the first worker
         assert [_status(no_workers, job_id) for job_id in ids] == ["queued", "queued"]
 
@@ -122,6 +129,8 @@ def test_a_killed_last_workers_batch_keeps_keda_active_until_another_worker_runs
             "bulk": 0,
             "interactive-started": 2,
             "bulk-started": 0,
+            "interactive-backlog": 0,
+            "bulk-backlog": 0,
         }
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()

@@ -99,7 +99,7 @@ def replicated(tmp_path: Path) -> Iterator[tuple[Stack, RedisServer]]:
         replica.start()
         try:
             stack.start_api()
-            stack.start_worker("slow", name="worker")
+            stack.start_worker("slow", name="worker", env={"INFERQ_TEST_SLOW_S": "3"})  # a batch runs 3 s
             stack.wait_for_worker("slow")
             yield stack, replica
         finally:
@@ -126,12 +126,13 @@ def test_an_end_event_waits_until_a_replica_has_the_result(replicated: tuple[Sta
     listener.start()
     warm = submit(stack, 1.0, Prefer="wait=20")
     assert warm.status_code == 200, warm.text
+    held = submit(stack, 7.0)
+    assert held.status_code == 202, held.text  # confirmed: the replica has it
+    job = f"{stack.base}/v1/jobs/{held.json()['id']}"
+    wait_until(lambda: httpx.get(job, timeout=10).json()["status"] == "started", 30, "the job to start")
     assert replica.pid is not None
-    os.kill(replica.pid, signal.SIGSTOP)  # frozen: it acknowledges nothing
+    os.kill(replica.pid, signal.SIGSTOP)  # frozen while the job runs: it acknowledges nothing
     try:
-        # The submit itself cannot be confirmed: 503. Its job is written (the primary has it) and runs.
-        held = submit(stack, 7.0)
-        assert held.status_code == 503, held.text
         client = stack.redis()
         wait_until(lambda: client.zcard("rq:finished:inferq.slow") == 2, 30, "the unconfirmed job to finish")
         ended = [e for e in events if e.get("status") == "finished"]

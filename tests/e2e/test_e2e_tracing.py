@@ -209,9 +209,8 @@ def test_a_worker_killed_mid_batch_leaves_both_attempts_in_the_trace_linked(
             ]
 
         wait_until(lambda: all(len(attempts(i)) == 2 for i in ids), 30, "both attempts of every job")
-        redis = stack.redis()
-        stored = list(redis.scan_iter("inferq:attempt:*"))
-        assert len(stored) == 3 and all(redis.ttl(key) > 0 for key in stored)  # each attempt's record expires
+        # Each attempt's record went with its job's end (the lost one's was read by the retry).
+        assert list(stack.redis().scan_iter("inferq:attempt:*")) == []
     for job_id in ids:
         lost, retried = sorted(attempts(job_id), key=lambda s: s.start_ns)
         assert lost.attributes.get("inferq.attempt.lost") is True and lost.status == ERROR

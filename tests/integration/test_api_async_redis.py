@@ -59,12 +59,12 @@ def test_the_async_scripts_go_by_hash_and_load_themselves_once_when_the_server_l
 ) -> None:
     redis.script_flush()
     redis.config_resetstat()
-    pairs = [["inferq:test:q", "inferq:test:q:i"]]
+    queue = [["inferq:test:q", "inferq:test:q:i", "inferq:test:q:tags", "inferq:test:q:backlog"]]
 
     async def run() -> list[Any]:
         client = AsyncRedis.from_url(redis_url)
         try:
-            return [await scripts.CLAIM_FIRST.call_async(client, [], pairs) for _ in range(3)]
+            return [await scripts.CLAIM_FIRST.call_async(client, [], queue, {"window": 10}) for _ in range(3)]
         finally:
             await client.aclose()
 

@@ -21,13 +21,14 @@ from inferq.shared import keys, versions
 from inferq.shared.jobs import (
     QueueCache,
     Submission,
+    _new_job,
     cancel_job,
     enqueue_job,
     enqueue_job_async,
     get_job_view,
     new_job_id,
 )
-from inferq.shared.lifecycle import bulk, claims, layout, scripts
+from inferq.shared.lifecycle import bulk, claims, layout, scripts, submit
 from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
 from inferq.shared.lifecycle.upload import BatchWriter
 from inferq.shared.models import ModelConfig
@@ -133,9 +134,14 @@ def monitored(redis_url: str) -> Iterator[list[Monitored]]:
 
 
 def test_every_key_a_script_touches_is_declared_in_its_keys(
-    redis: redis_py.Redis, redis_url: str, settings: Settings, monitored: list[dict[str, Any]]
+    redis: redis_py.Redis,
+    redis_url: str,
+    settings: Settings,
+    monitored: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Redis's rule for scripts (enforced by a Cluster): keys come in KEYS, never built in the script."""
+    monkeypatch.setattr(layout, "FAIR_WINDOW", 2)  # the fair order's backlog too (lib/fair.lua)
     finished = _submit(redis, settings, idempotency_key="k1")
     _submit(redis, settings, idempotency_key="k1")  # the duplicate path
     canceled_queued = _submit(redis, settings)
@@ -144,6 +150,10 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     fair = [_submit(redis, settings, tenant=t, fair=True, jobs_per_minute=100) for t in ("t1", "t1", "t2")]
     cancel_job(QueueCache(redis), settings, fair[1])
     _submit(redis, settings, tenant="t3", fair=True)
+    # A submit whose answer was lost, withdrawn (as the API does before its 503).
+    lost = Submission("echo", b'{"inputs": [1, 1]}', "application/json", idempotency_key="k9", tenant="t2", fair=True)
+    lost_id = enqueue_job(QueueCache(redis), settings, lost).id
+    scripts.WITHDRAW(redis, *submit._withdraw_call(_new_job(settings, lost, lost_id)))
     expired = _submit(redis, settings)
     redis.delete(JSONJob.key_for(expired))
     redis.hset(keys.info_key(expired), "deadline", f"{time.time() - 1:.3f}")
@@ -174,7 +184,8 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     claims.announce_failed(redis, settings, [finished])
     claims.claim(redis, [queue.name, "inferq.other"], None)
     version_2 = ModelConfig.model_validate({"name": "m", "version": 2, "input": {"kind": "tensor", "shape": [2]}})
-    versions.judge(redis, version_2, [True, False], None)  # a version's window of outcomes, for its rollback
+    # A version's window of outcomes, for its rollback.
+    versions.judge(redis, version_2, [(True, "a"), (False, "b")], None, True)
     _submit_async(redis_url, settings)  # the API's submit: EVALSHA, and the EVAL that loads it once
     assert get_job_view(redis, finished)["status"] == "finished"
     assert get_job_view(redis, expired)["status"] == "expired"

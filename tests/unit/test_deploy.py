@@ -300,12 +300,13 @@ def test_scaled_object_scales_the_models_worker_on_both_lanes(model: str) -> Non
     triggers = spec["triggers"]
     assert {t["type"] for t in triggers} == {"redis"}
     lists = {t["name"]: t["metadata"]["listName"] for t in triggers}
-    # Per lane: the jobs waiting (RQ's queue list) and the jobs taken by a worker (its started registry,
-    # which holds a worker up while a batch runs and brings one back for a dead worker's batch).
+    # Per lane: the jobs waiting (RQ's queue list, and past its window its fair backlog) and the jobs taken by a
+    # worker (its started registry, which holds a worker up while a batch runs and brings one back for a dead
+    # worker's batch).
     expected = {}
     for lane in keys.LANES:
         queue = layout.queue_keys(keys.queue_name(model, lane))
-        expected |= {lane: queue.queue, f"{lane}-started": queue.started}
+        expected |= {lane: queue.queue, f"{lane}-started": queue.started, f"{lane}-backlog": queue.fair_backlog}
     assert lists == expected
     for trigger in triggers:
         metadata = trigger["metadata"]
@@ -582,7 +583,7 @@ def test_a_versions_manifests_serve_it_apart_and_validate(model: str) -> None:
     expected = set()
     for lane in keys.LANES:
         queue = layout.queue_keys(keys.queue_name(f"{model}@2", lane))
-        expected |= {queue.queue, queue.started}
+        expected |= {queue.queue, queue.started, queue.fair_backlog}
     assert {t["metadata"]["listName"] for t in scaled["spec"]["triggers"]} == expected
     assert [f"{'.'.join(map(str, e.path))}: {e.message}" for e in _keda_validator().iter_errors(scaled)] == []
     for version in KUBERNETES_VERSIONS:

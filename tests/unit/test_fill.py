@@ -162,3 +162,49 @@ def test_nonsense_times_are_ignored() -> None:
     policy.ran(2, float("nan"))
     policy.ran(3, -1.0)
     assert policy.curve.line() == before
+
+
+def _windows(policy: AdaptiveWait, waits: int) -> list[float]:
+    """The windows of ``waits`` waits in which a job comes near the end each time (a window too short grows)."""
+    opened = []
+    for _ in range(waits):
+        wait = policy.plan(1, 8)
+        if wait is not None:
+            opened.append(wait.total_s)
+            policy.waited([0.9 * wait.total_s], wait.total_s)
+    return opened
+
+
+def test_a_slow_first_batch_does_not_make_a_fixed_cost_of_seconds() -> None:
+    """Issue 45 item 28: a model whose batches take 1.5 ms, whose first batch of one took 1.9 s (its kernels
+    compiling). That batch size, seen rarely after, kept its slow time, the line through it sloped down and its
+    intercept read as a fixed cost of seconds: windows grew towards it. A batch's fixed cost is at most what the
+    model's batches take."""
+    policy = AdaptiveWait()
+    policy.ran(1, 1.9)
+    for i in range(40):
+        policy.ran(2, 0.0015)
+        if i % 20 == 0:
+            policy.ran(1, 0.0014)
+    fixed = policy.fixed_cost_s()
+    assert fixed is not None and fixed <= 0.0015
+    assert max(_windows(policy, 200)) <= 0.0015
+
+
+def test_a_batch_size_seen_once_and_slow_cannot_raise_the_fixed_cost_past_a_batch() -> None:
+    policy = AdaptiveWait()
+    for _ in range(30):
+        policy.ran(2, 0.0015)
+        policy.ran(3, 0.0016)
+    policy.ran(1, 1.0)  # once, and slow: the line through it slopes down to an intercept of seconds
+    fixed = policy.fixed_cost_s()
+    assert fixed is not None and fixed <= 0.0015
+    assert max(_windows(policy, 200)) <= 0.0015
+
+
+def test_one_slow_batch_among_many_moves_nothing() -> None:
+    policy = _learned(0.006, 0.016)
+    for _ in range(8):
+        policy.ran(2, 0.038)
+    policy.ran(2, 2.0)  # the host stalled once
+    assert policy.fixed_cost_s() == pytest.approx(0.006)

@@ -2,9 +2,13 @@
 -- is not the queue the caller read: read again) or {'conflict', status}.
 -- owner: '' for any; origin: the queue the caller read from the job's hash; ttl: a canceled job's.
 --
--- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window
+-- span: its running attempt's trace span (tracing on), gone with its end.
+--
+-- fair_tags, fair_backlog: the queue's fair order (lib/fair.lua), which the job leaves.
+--
+-- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window, span, fair_tags, fair_backlog
 -- ARGV: id, owner, origin, ttl, now, stamp, channel, @metrics, @delivery
--- uses: announce
+-- uses: announce, fair
 
 local job, info, id = K.job, K.info, A.id
 local ttl, now_s, stamp = tonumber(A.ttl), tonumber(A.now), A.stamp
@@ -16,7 +20,7 @@ if status == 'finished' or status == 'failed' or status == 'stopped' or status =
   return {'conflict', status}
 end
 redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
-redis.call('LREM', K.queue, 0, id)
+if not fair_forget(K.fair_tags, K.fair_backlog, id) then redis.call('LREM', K.queue, 0, id) end
 for _, exec_id in ipairs(redis.call('ZRANGE', K.executions, 0, -1)) do
   redis.call('ZREM', K.started, id .. ':' .. exec_id)
 end
@@ -26,7 +30,7 @@ redis.call('ZREMRANGEBYSCORE', K.canceled, '-inf', now_s)
 redis.call('EXPIRE', K.canceled, ttl)
 redis.call('EXPIRE', job, ttl)
 redis.call('EXPIRE', info, ttl)
-redis.call('DEL', K.payload)
+redis.call('DEL', K.payload, K.span)
 announce({info = info, attempts = K.attempts, delivery = K.delivery, job_id = id,
           model = redis.call('HGET', info, F.MODEL) or '', status = 'canceled', ttl = ttl, stamp = stamp,
           channel = A.channel, tpl = A.delivery, hook_queue = K.hook_queue, queues_set = K.queues})

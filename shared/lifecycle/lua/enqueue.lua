@@ -6,7 +6,7 @@
 -- in `rate` by the generic cell rate algorithm (a burst of per_minute jobs, then one every 60/per_minute s), on
 -- Redis's clock so every API process counts alike; info, job: the two hashes' fields. With several tenants
 -- (fair = '1') the job is queued at its place in weighted fair order (lib/fair.lua: `tenant`, its `cost` over its
--- weight), else at the tail.
+-- weight, the list's `fair_window`; the jobs in its backlog count as queued), else at the tail.
 --
 -- in_flight_limit: the tenant's quota of jobs not yet ended (0: none), counted in `in_flight` (a sorted set: id ->
 -- the time, in ms on Redis's clock, by which the job has surely ended, `live_ms` from now; the API drops the ones
@@ -15,17 +15,22 @@
 -- A tenant's job (any tenant but `default`, the one of a deployment without tenants) is counted as accepted in its
 -- lane in the model's metrics `totals` (shared/metrics.py ACCEPTED): less its ended ones, what it has in flight.
 --
--- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals
+-- withdrawn: set when the API gave up on this submit and withdrew it (lua/withdraw.lua): a late run stores nothing.
+--
+-- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals, fair_backlog, withdrawn
 -- KEYS per item: idempotency
--- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, lane, totals_ttl, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
+-- ARGV: id, max_length, idempotency, idempotency_ttl, per_minute, in_flight_limit, live_ms, fair, tenant, cost, fair_window, lane, totals_ttl, payload, payload_ttl, info_ttl, job_ttl, info<>, job<>
 -- uses: fair
 
+if redis.call('EXISTS', K.withdrawn) == 1 then return {'withdrawn', ''} end
 local idem = KEYS[FIXED + 1]
 if idem then
   local existing = redis.call('GET', idem)
   if existing then return {'dup', existing} end
 end
-if redis.call('LLEN', K.queue) >= tonumber(A.max_length) then return {'full', ''} end
+if redis.call('LLEN', K.queue) + redis.call('ZCARD', K.fair_backlog) >= tonumber(A.max_length) then
+  return {'full', ''}
+end
 local per_minute, in_flight_limit = tonumber(A.per_minute), tonumber(A.in_flight_limit)
 local now_ms = 0
 if per_minute > 0 or in_flight_limit > 0 then
@@ -63,7 +68,8 @@ if A.tenant ~= 'default' then
   redis.call('EXPIRE', K.totals, A.totals_ttl)
 end
 if A.fair == '1' then
-  fair_place(K.queue, K.fair_tags, K.fair_state, A.id, A.tenant, tonumber(A.cost), A.job_ttl)
+  fair_place(K.queue, K.fair_tags, K.fair_state, K.fair_backlog, A.id, A.tenant, tonumber(A.cost), A.job_ttl,
+             tonumber(A.fair_window))
 else
   redis.call('RPUSH', K.queue, A.id)
 end

@@ -4,10 +4,11 @@
 -- then their event and webhook. The execution always leaves; the input too unless the job will run
 -- again. Each job that ends here adds its metrics (entry field `m`, JSON in a string; failures `f`), the
 -- batch its own (`batch_metrics`): the sum of all of them comes ready-made (`all_metrics`), and is recounted only
--- if some job did not end. Returns {vanished ids, superseded ids}.
+-- if some job did not end. Returns {vanished ids, superseded ids}. span: the job's running attempt's trace span
+-- (tracing on, workers/traces.py): gone with the job's end, its value kept in the info hash for the webhook's span.
 --
 -- KEYS: started, finished, failed, hook_queue, queues, worker, metrics, window, failures
--- KEYS per item: job, info, result, payload, execution, executions, attempts, delivery, record, results, batch_delivery
+-- KEYS per item: job, info, result, payload, execution, executions, attempts, delivery, record, results, batch_delivery, span
 -- ARGV: now, channel, worker, working_s, @metrics, batch_metrics, all_metrics, @delivery, jobs[]
 -- uses: announce, call_many
 
@@ -24,7 +25,7 @@ local done, failed, running, gone = {}, {}, {}, {}
 local counts = {finished = 0, failed = 0}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, result, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
+  local job, info, result, payload, exec, execs, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
   n = n + 1
   local j = cjson.decode(A.jobs[n])
@@ -32,6 +33,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local h = redis.call('HMGET', job, 'origin', 'status', 'worker_name')
   if not h[1] then
     vanished[#vanished + 1] = j.id
+    gone[#gone + 1] = span
   else
     local status = h[2]
     local mine = status == 'started' and h[3] == worker
@@ -39,6 +41,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
     if not mine or f[1] then
       superseded[#superseded + 1] = j.id
       keep_input = status == 'queued' or (status == 'started' and not mine)
+      if not keep_input then gone[#gone + 1] = span end  -- it ended (canceled, failed): no attempt runs now
     else
       redis.call('HSET', job, 'status', j.status, 'ended_at', j.ended_at)
       redis.call('EXPIRE', job, j.ttl)
@@ -48,6 +51,11 @@ for k = FIXED + 1, #KEYS, STRIDE do
       ended[#ended + 1] = now_s + j.ttl
       ended[#ended + 1] = j.id
       if not f[2] then j.info[F.ANNOUNCED] = '1' end
+      local ran = redis.call('GET', span)
+      if ran then
+        j.info[F.ENDED_IN] = ran
+        gone[#gone + 1] = span
+      end
       redis.call('HSET', info, unpack(flat(j.info)))
       redis.call('EXPIRE', info, j.ttl)
       counts[j.status] = counts[j.status] + 1

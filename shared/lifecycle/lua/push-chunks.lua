@@ -2,13 +2,13 @@
 -- the queue's count of waiting items grows by theirs (`items`; its TTL at least waiting_ttl). Workers may start them
 -- at once. ids: the chunks' ids, in their keys' order. With several tenants (fair = '1') each chunk is queued at
 -- its place in weighted fair order (lib/fair.lua: `tenant`, each chunk's `costs`: its items over the tenant's
--- weight), else at the tail.
+-- weight; the list's `fair_window`), else at the tail.
 --
 -- A tenant's items (any tenant but `default`) are counted as accepted in their lane in the model's `totals`.
 --
--- KEYS: queue, waiting, fair_tags, fair_state, totals
+-- KEYS: queue, waiting, fair_tags, fair_state, totals, fair_backlog
 -- KEYS per item: job, payload, info
--- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, fair, tenant, lane, totals_ttl, ids[], costs[]
+-- ARGV: job_ttl, payload_ttl, info_ttl, waiting_ttl, items, fair, tenant, fair_window, lane, totals_ttl, ids[], costs[]
 -- uses: fair
 
 local n = 0
@@ -19,7 +19,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
   n = n + 1
 end
 if A.fair == '1' then
-  for i = 1, n do fair_place(K.queue, K.fair_tags, K.fair_state, A.ids[i], A.tenant, tonumber(A.costs[i]), A.job_ttl) end
+  for i = 1, n do
+    fair_place(K.queue, K.fair_tags, K.fair_state, K.fair_backlog, A.ids[i], A.tenant, tonumber(A.costs[i]),
+               A.job_ttl, tonumber(A.fair_window))
+  end
 elseif n > 0 then
   redis.call('RPUSH', K.queue, unpack(A.ids, 1, n))
 end

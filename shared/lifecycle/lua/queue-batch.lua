@@ -4,12 +4,13 @@
 -- staged lists kept as long as it. Reads and checks come before the first write.
 -- idempotency: the key (the record again when there is none, untouched); has_idempotency "1" or "0", the value it
 -- keeps and its ttl while pending. max_chunks, max_items: the most chunks the queue may hold and items it may have
--- waiting ('' for no such bound); chunks, items: this batch's. record: the batch record's fields.
+-- waiting ('' for no such bound; the chunks in the queue's fair backlog, lib/fair.lua, count as queued); chunks,
+-- items: this batch's. record: the batch record's fields.
 -- first_job: the first chunk's job hash (gone when the staged chunks expired). lines_limit: the tenant's quota of
 -- upload lines waiting (0: none), against `tenant_lines` (a hash: batch id -> its lines still waiting, as last
 -- counted; the API brings them down to the records' when it nears the quota): past it, 'lines' and the count.
 --
--- KEYS: queue, queues, record, chunks, results, ids, idempotency, waiting, first_job, tenant_lines
+-- KEYS: queue, queues, record, chunks, results, ids, idempotency, waiting, first_job, tenant_lines, fair_backlog
 -- ARGV: has_idempotency, idempotency_value, idempotency_ttl, record_ttl, max_chunks, max_items, chunks, items, batch, lines_limit, record<>
 
 if A.has_idempotency == '1' then
@@ -18,7 +19,8 @@ if A.has_idempotency == '1' then
 end
 if redis.call('EXISTS', K.first_job) == 0 then return {'stale', ''} end
 local chunks, items = tonumber(A.chunks), tonumber(A.items)
-if A.max_chunks ~= '' and redis.call('LLEN', K.queue) + chunks > tonumber(A.max_chunks) then return {'full', ''} end
+local queued = redis.call('LLEN', K.queue) + redis.call('ZCARD', K.fair_backlog)
+if A.max_chunks ~= '' and queued + chunks > tonumber(A.max_chunks) then return {'full', ''} end
 if A.max_items ~= '' and (tonumber(redis.call('GET', K.waiting)) or 0) + items > tonumber(A.max_items) then
   return {'full', ''}
 end

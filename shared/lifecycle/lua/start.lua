@@ -9,9 +9,10 @@
 --
 -- waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
 -- record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
+-- span: the job's attempt's trace span (tracing on), left by an attempt that never ended: gone with a vanished job.
 --
 -- KEYS: intermediate, started, hook_queue, queues, metrics, window, failures, waiting
--- KEYS per item: job, info, payload, execution, executions, attempts, delivery, record, results, batch_delivery
+-- KEYS per item: job, info, payload, execution, executions, attempts, delivery, record, results, batch_delivery, span
 -- ARGV: score, execution_ttl, job_ttl, worker, stamp, timestamp, channel, model, now, expired_tail, @metrics, @delivery, jobs[id, execution]
 -- uses: announce, call_many
 
@@ -22,7 +23,7 @@ local acc = {}
 local out, started, registry = {}, {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery =
+  local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
@@ -34,6 +35,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local items = tonumber(flags[1]) or 0
   if not j[1] then
     local state = 'vanished'
+    redis.call('DEL', span)
     if items > 0 and redis.call('HSETNX', info, F.ANNOUNCED, '1') == 1 then
       local lines = chunk_lines(info, A.expired_tail)
       local moved = {[chunk_from(info)] = -items, failed = items}
