@@ -78,14 +78,18 @@ def rows(results: dict[str, Any]) -> list[Row]:
             if name in best:
                 rate = feed["sim_rates"][name]
                 ratio = best[name]["steady_per_s"] / rate
-                detail = f"{ratio:.2f}x ({best[name]['steady_per_s']:.0f} of {rate} img/s; best of {rounds})"
+                detail = (
+                    f"{ratio:.2f}x ({best[name]['steady_per_s']:.0f} of {rate} img/s, the worker on"
+                    f" {best[name]['steady_worker_cores']:.2f} cores; best of {rounds})"
+                )
                 out.append(_row(row, ratio, ratio >= goal, detail))
     if "host_capacity" in feed["rows"] and "jpeg" in best and "host_loop" in feed:
         loop = feed["host_loop"]
         ratio = best["jpeg"]["steady_per_s"] / max(loop["before"], loop["after"])
         detail = (
-            f"{ratio:.2f}x ({best['jpeg']['steady_per_s']:.0f} img/s drained vs the loop's {loop['before']:.0f}"
-            f" before, {loop['after']:.0f} after)"
+            f"{ratio:.2f}x ({best['jpeg']['steady_per_s']:.0f} img/s drained, the worker on"
+            f" {best['jpeg']['steady_worker_cores']:.2f} cores, vs the loop's {loop['before']:.0f} before,"
+            f" {loop['after']:.0f} after)"
         )
         out.append(_row("feed_host", ratio, ratio >= 1.5, detail))
     if "text_cpu" in feed["rows"] and "text" in best:

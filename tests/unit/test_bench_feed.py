@@ -28,6 +28,7 @@ def _round(redis_submit: float, redis_drain: float, worker: float, forward: floa
         "forward_us": forward,
         "redis_us": redis_submit + redis_drain,
         "span": {"steady_per_s": per_s},
+        "worker_cores": 0.5,
     }
 
 
@@ -85,6 +86,7 @@ def test_the_rows_read_their_scenarios_and_say_whether_they_hold() -> None:
     assert "python3 590: inferq-prefetch 450, MainThread 140" in rows["feed_worker_cnn"]["detail"]
     assert rows["feed_worker_forward"]["value"] == 140 and rows["feed_worker_forward"]["holds"] is True
     assert rows["feed_sim_1000"]["value"] == pytest.approx(0.96) and rows["feed_sim_1000"]["holds"] is True
+    assert "960 of 1000 img/s, the worker on 0.50 cores" in rows["feed_sim_1000"]["detail"]
     assert rows["feed_sim_2000"]["value"] == pytest.approx(0.8) and rows["feed_sim_2000"]["holds"] is False
     assert rows["feed_host"]["value"] == pytest.approx(1300 / 820) and rows["feed_host"]["holds"] is True
     assert rows["feed_text"]["value"] == 115 and rows["feed_text"]["holds"] is True  # worker 80 + Redis 35
