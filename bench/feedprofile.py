@@ -168,5 +168,7 @@ def summarise_stacks(collapsed: str, top: int = 15) -> dict[str, Any]:
         "threads": shares(threads),
         "self": shares(own),
         "inclusive": shares(within),
+        # inferq's own functions with what they call: the rooms a rebuild moves work between.
+        "inferq_inclusive": shares(Counter({f: n for f, n in within.items() if "(inferq/" in f})),
         "self_by_thread": {t: shares(c)[:8] for t, c in by_thread.items()},
     }

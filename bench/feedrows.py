@@ -172,20 +172,21 @@ def profile_lines(feed: dict[str, Any]) -> list[str]:
                 )
     lines += [
         "",
-        "The worker over the drain (py-spy, every thread, samples while on a CPU): the functions holding the most"
-        " samples themselves, and its threads' shares:",
+        "The worker over the drain (py-spy, every thread, samples while on a CPU): its threads' shares, the"
+        " functions holding the most samples themselves, and inferq's with what they call:",
         "",
-        "| scenario | threads | top functions (self) |",
-        "|---|---|---|",
+        "| scenario | threads | top functions (self) | inferq's functions with what they call |",
+        "|---|---|---|---|",
     ]
     for name, found in profiled.items():
         worker = found["worker"]
         if "unavailable" in worker:
-            lines.append(f"| {name} | {worker['unavailable']} | |")
+            lines.append(f"| {name} | {worker['unavailable']} | | |")
             continue
         threads = ", ".join(f"{t.split(': ', 1)[-1]} {share:.0%}" for t, share in worker["threads"][:5])
         top = ", ".join(f"{fn} {share:.0%}" for fn, share in worker["self"][:8])
-        lines.append(f"| {name} | {threads} | {top} |")
+        rooms = ", ".join(f"{fn} {share:.0%}" for fn, share in worker.get("inferq_inclusive", [])[:8])
+        lines.append(f"| {name} | {threads} | {top} | {rooms} |")
     return lines
 
 

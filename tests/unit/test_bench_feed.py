@@ -155,7 +155,7 @@ def test_the_slowlog_is_summed_by_script_with_the_commands_each_ran() -> None:
 def test_py_spys_stacks_are_summed_by_thread_and_function() -> None:
     collapsed = "\n".join(
         [
-            'process 7:"python -m inferq worker";thread (8): MainThread;work (rq/worker.py:1);run (running.py:2) 6',
+            'process 7:"python -m inferq worker";thread (8): MainThread;work (rq/worker.py:1);run_prepared (inferq/workers/running.py:2) 6',
             'process 7:"python -m inferq worker";thread (9): inferq-prefetch;_run (prefetch.py:3);load (PIL:4) 3',
             'process 7:"python -m inferq worker";thread (9): inferq-prefetch;_run (prefetch.py:3) 1',
             "not a stack line",
@@ -164,5 +164,10 @@ def test_py_spys_stacks_are_summed_by_thread_and_function() -> None:
     got = feedprofile.summarise_stacks(collapsed)
     assert got["samples"] == 10
     assert got["threads"] == [("thread (8): MainThread", 0.6), ("thread (9): inferq-prefetch", 0.4)]
-    assert got["self"] == [("run (running.py:2)", 0.6), ("load (PIL:4)", 0.3), ("_run (prefetch.py:3)", 0.1)]
+    assert got["self"] == [
+        ("run_prepared (inferq/workers/running.py:2)", 0.6),
+        ("load (PIL:4)", 0.3),
+        ("_run (prefetch.py:3)", 0.1),
+    ]
     assert dict(got["inclusive"])["_run (prefetch.py:3)"] == 0.4
+    assert got["inferq_inclusive"] == [("run_prepared (inferq/workers/running.py:2)", 0.6)]  # inferq's own only
