@@ -420,24 +420,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round of each, shorter phases")
     parser.add_argument("--loadgen", choices=("hey", "wrk", "python"), help="the submits' generator")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--aof", action="store_true", help="Redis with its append-only file on (everysec)")
     add_arguments(parser)
     args = settle(parser.parse_args())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="inferq-feed-"))
     started = time.perf_counter()
-    redis = RedisServer(tmp / "redis", appendonly=False)
+    # As the bench runs it: no AOF (``--aof``: appendonly, fsync every second, for the row beside it).
+    redis = RedisServer(tmp / "redis", appendonly=args.aof)
     redis.start()
     try:
-        results: dict[str, Any] = {"feed": feed(redis, tmp, build_models(tmp / "models"), args)}
+        results: dict[str, Any] = {"feed": feed(redis, tmp, build_models(tmp / "models"), args) | {"aof": args.aof}}
     finally:
         redis.stop()
     results["wall_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     results["targets"] = rows(results)
-    (args.out / "feed.json").write_text(json.dumps(results, indent=2))
+    name = "feed-aof" if args.aof else "feed"
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2))
     table = markdown(results)
-    (args.out / "feed.md").write_text(table)
+    (args.out / f"{name}.md").write_text(table)
     print(table)
     shutil.rmtree(tmp, ignore_errors=True)
 

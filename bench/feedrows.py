@@ -194,7 +194,8 @@ def markdown(results: dict[str, Any]) -> str:
     """``bench.feed``'s own table: its targets, then its details."""
     feed = results["feed"]
     lines = [
-        f"Feed rows (python -m bench.feed), run took {results.get('wall_s', 0) / 60:.1f} min.",
+        f"Feed rows (python -m bench.feed{' --aof: Redis with its append-only file' if feed.get('aof') else ''}),"
+        f" run took {results.get('wall_s', 0) / 60:.1f} min.",
         "",
         "| target | measured | holds |",
         "|---|---|---|",
