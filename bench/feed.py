@@ -317,12 +317,15 @@ class Feed:
 
 
 def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each figure at its best round: the least CPU per job, the fastest drain."""
+    """Each figure at its best round: the least CPU per job, the fastest drain; Redis's submit and drain parts
+    from the round of the least Redis CPU in all."""
     fastest = max(rounds, key=lambda r: r["span"]["steady_per_s"])
+    cheapest = min(rounds, key=lambda r: r["redis_us"])
     return {
-        "redis_us": min(r["redis_us"] for r in rounds),
-        "redis_submit_us": min(r["submit"]["redis"]["cpu_us"] for r in rounds),
-        "redis_drain_us": min(r["redis"]["cpu_us"] for r in rounds),
+        "redis_us": cheapest["redis_us"],
+        # Its parts from the same round, so they add up to it.
+        "redis_submit_us": cheapest["submit"]["redis"]["cpu_us"],
+        "redis_drain_us": cheapest["redis"]["cpu_us"],
         "api_us": min(r["submit"]["api_us"] for r in rounds),
         "worker_us": min(r["worker_us"] for r in rounds),
         "forward_us": min(r["forward_us"] for r in rounds),

@@ -151,7 +151,10 @@ def summarise_stacks(collapsed: str, top: int = 15) -> dict[str, Any]:
         frames = stack.split(";")
         while frames and frames[0].startswith("process "):  # --subprocesses: the process first, then the thread
             frames.pop(0)
-        thread = frames.pop(0) if frames and frames[0].startswith("thread ") else "thread ?"
+        # "thread (TID): NAME" -> NAME: today's worker starts a prefetch thread per batch, each its own TID.
+        thread = "?"
+        if frames and frames[0].startswith("thread "):
+            thread = frames.pop(0).partition("): ")[2] or "?"
         calls = frames or ["(no Python frame)"]
         total += count
         threads[thread] += count

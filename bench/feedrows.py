@@ -183,7 +183,7 @@ def profile_lines(feed: dict[str, Any]) -> list[str]:
         if "unavailable" in worker:
             lines.append(f"| {name} | {worker['unavailable']} | | |")
             continue
-        threads = ", ".join(f"{t.split(': ', 1)[-1]} {share:.0%}" for t, share in worker["threads"][:5])
+        threads = ", ".join(f"{thread} {share:.0%}" for thread, share in worker["threads"][:5])
         top = ", ".join(f"{fn} {share:.0%}" for fn, share in worker["self"][:8])
         rooms = ", ".join(f"{fn} {share:.0%}" for fn, share in worker.get("inferq_inclusive", [])[:8])
         lines.append(f"| {name} | {threads} | {top} | {rooms} |")
