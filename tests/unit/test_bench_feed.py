@@ -85,6 +85,7 @@ def test_the_rows_read_their_scenarios_and_say_whether_they_hold() -> None:
     assert rows["feed_worker_noop"]["holds"] is False and rows["feed_worker_cnn"]["holds"] is True
     assert "python3 590: inferq-prefetch 450, MainThread 140" in rows["feed_worker_cnn"]["detail"]
     assert rows["feed_worker_forward"]["value"] == 140 and rows["feed_worker_forward"]["holds"] is True
+    assert "in thread:MainThread (the whole process it runs in: 590 us)" in rows["feed_worker_forward"]["detail"]
     assert rows["feed_sim_1000"]["value"] == pytest.approx(0.96) and rows["feed_sim_1000"]["holds"] is True
     assert "960 of 1000 img/s, the worker on 0.50 cores" in rows["feed_sim_1000"]["detail"]
     assert rows["feed_sim_2000"]["value"] == pytest.approx(0.8) and rows["feed_sim_2000"]["holds"] is False
