@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import feedrows
+
 TARGETS_DOC = {
     "submit_path": "submit path: digit submits >= 0.35x /healthz, one API process, worker paused",
     "waiting_clients": "many waiting clients (Prefer: wait, 16-1,024): at 1,024 >= 0.9x best, 0 failures, "
@@ -154,8 +156,10 @@ def gpu_rows(results: dict[str, Any]) -> list[Row]:
 def e2e_rows(results: dict[str, Any]) -> list[Row]:
     systems = results.get("systems", {})
     inferq, plain = systems.get("inferq", {}), systems.get("plain_rq", {})
-    if "noop" not in inferq or "noop" not in plain:
+    if "noop" not in inferq:
         return []
+    if "noop" not in plain:  # still a row: the target is owed, and a run without the peer must say so
+        return [_unmeasured("e2e_noop", "the plain-RQ peer did not run (--skip-peers, or --peers without it)")]
     ours, theirs = _best(inferq["noop"]["closed"]), _best(plain["noop"]["closed"])
     ratio = ours["throughput_per_s"] / max(theirs["throughput_per_s"], 1e-9)
     limited = bool(ours.get("limited_by_generator") or theirs.get("limited_by_generator"))
@@ -391,6 +395,7 @@ ROWS: list[Callable[[dict[str, Any]], list[Row]]] = [
     fairness_rows,
     tracing_rows,
     litserve_rows,
+    feedrows.rows,
 ]
 
 
@@ -472,6 +477,8 @@ def markdown(results: dict[str, Any]) -> str:
     for target in targets(results):
         lines.append(f"| {target['doc']} | {target['detail']} | {_holds(target)} |")
     lines += _generator_tables(results)
+    if results.get("feed"):
+        lines += feedrows.details(results["feed"]) + feedrows.profile_lines(results["feed"])
     lines += ["", "ResNet-18-sized CNN, 224x224 JPEG in, closed loop (each client: submit, then wait):", ""]
     lines += [
         "| system | clients | throughput img/s | p50 ms | p95 ms | p99 ms | mean batch | queue ms | model ms |",

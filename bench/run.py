@@ -1,7 +1,8 @@
 """`make bench`: inferq against the bare model and its peers, on this machine, in one run.
 
 Writes bench/results/latest.{json,md,png} and prints the table. `--quick` shortens every
-load point (for a smoke run); `--skip-peers` measures inferq and the bare model only.
+load point (for a smoke run); `--skip-peers` measures inferq and the bare model only; `--skip-feed` leaves out
+bench.feed's rows (CPU per job, simulated devices; `python -m bench.feed` runs them alone).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from rq.registry import clean_registries
 from bench.bulk import bulk_vs_singles, lanes_latency
 from bench.durability import replica_vs_async
 from bench.fairness import fairness
+from bench.feed import feed
+from bench.feed import options as feed_options
 from bench.generators import LoadResult, hammer, limited, pick_tool, python_loop
 from bench.models import ROOT, build_models
 from bench.procs import Processes, wait_http
@@ -342,6 +345,8 @@ class Bench:
             self.results["gpu"] = gpu_rows(self.redis.url, self.models["resnet"], quick)
             bulk_items = 2000 if quick else 20000
             self.results["bulk_drain"] = bulk_vs_singles(self.redis.url, self.models["noop"], bulk_items)
+            if not self.args.skip_feed:  # issue 46's rows: CPU per job, simulated devices (bench/feed.py)
+                self.results["feed"] = feed(self.redis, self.tmp, self.models, feed_options(quick, self.args.loadgen))
             self.results["systems"] = {}
             self._api_alone()
             self.results["durability"] = replica_vs_async(self, 1 if quick else API_ROUNDS, WARM_UP_S)
@@ -678,6 +683,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--skip-feed", action="store_true", help="leave out bench.feed's rows (CPU per job)")
     parser.add_argument("--point-seconds", type=float, default=6.0)
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
