@@ -143,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         help="write the weights as this version of the model, models/digits/N/model.pt2 (default: beside the config)",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # One intra-op thread: these models are too small to gain from a second (7.1 against 8.3 s for digits), and
+    # OpenMP's threads spin while they wait for each other, so beside other busy processes two of them took over
+    # 600 s where one takes 35 (the README's rollout step, run under a loaded CI machine).
+    torch.set_num_threads(1)
     started = time.monotonic()
     model, acc = train(args.seed)
     print(f"held-out accuracy {acc:.4f} ({time.monotonic() - started:.1f}s)")
