@@ -231,7 +231,7 @@ async def _withdraw_later(connection: AsyncRedis, job_id: str, call: tuple[Any, 
                 pause_s = min(pause_s * 2, 2.0)
                 continue
             if verdict == "taken":  # in the moment between its late enqueue and this
-                log.warning("submit %s: answered 503, but a worker took its job before it was withdrawn", job_id)
+                log.warning("submit %s: answered 503, yet its job stands (taken, or told to a retry)", job_id)
             return
         log.warning("submit %s: answered 503; Redis took no withdrawal in %g s", job_id, WITHDRAW_RETRY_FOR_S)
     finally:
@@ -282,6 +282,7 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, te
     if verdict != "dup":
         return None
     other_id, _, stored = existing.partition(" ")
+    stored = stored.removesuffix(" +")  # told to a retry already (lua/enqueue.lua)
     if stored != fingerprint:
         raise InvalidInput("this Idempotency-Key was used with a different request body")
     return other_id

@@ -14,6 +14,7 @@ import redis as redis_py
 from inferq.api.autopipeline import AutoPipelinedRedis
 from inferq.shared import connections, durability, keys
 from inferq.shared.connections import is_unavailable
+from inferq.shared.errors import InvalidInput
 from inferq.shared.jobs import (
     QueueCache,
     Submission,
@@ -126,6 +127,37 @@ def test_a_withdrawal_undoes_a_stored_submit_unless_a_worker_took_it(redis: redi
     withdrawal = submit._withdraw_call(_new_job(settings, _submission(), second.id))
     assert submit.scripts.WITHDRAW(redis, *withdrawal) == b"taken"
     assert get_job_view(redis, second.id)["status"] == "finished"
+
+
+def test_a_job_a_retry_was_told_stands_when_its_first_submit_is_withdrawn(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """CI's failover run lost an acknowledged job: its submit ran on the primary (and reached the replica), its answer
+    was lost with the primary, and it was answered 503 with its withdrawal left to run in the background; the client's
+    retry with its Idempotency-Key reached the promoted replica and was told the job's ID (200); then the withdrawal
+    ran there and deleted the job. A job told to a caller stands, as one a worker took."""
+    first = enqueue_job(QueueCache(redis), settings, _submission())
+    retry = enqueue_job(QueueCache(redis), settings, _submission())
+    assert retry.id == first.id
+    withdrawal = submit._withdraw_call(_new_job(settings, _submission(), first.id))
+    assert submit.scripts.WITHDRAW(redis, *withdrawal) == b"taken"
+    assert get_job_view(redis, first.id)["status"] == "queued"
+    assert enqueue_job(QueueCache(redis), settings, _submission()).id == first.id  # the key still names it
+    echo_worker(redis, settings).work(burst=True)
+    assert get_job_view(redis, first.id)["status"] == "finished"
+
+
+def test_a_different_body_under_a_key_does_not_keep_its_job(redis: redis_py.Redis, settings: Settings) -> None:
+    """Only the same request is told the job: another body under the key is refused and holds nothing."""
+    first = enqueue_job(QueueCache(redis), settings, _submission())
+    other = Submission(
+        "echo", b'{"inputs": [2, 2]}', "application/json", idempotency_key="k-1", owner="o", tenant="acme", fair=True
+    )
+    with pytest.raises(InvalidInput):
+        enqueue_job(QueueCache(redis), settings, other)
+    withdrawal = submit._withdraw_call(_new_job(settings, _submission(), first.id))
+    assert submit.scripts.WITHDRAW(redis, *withdrawal) == b"withdrawn"
+    assert _nothing_stored(redis, first.id) == []
 
 
 def test_a_submit_no_replica_confirmed_is_not_stored(redis: redis_py.Redis, redis_url: str) -> None:

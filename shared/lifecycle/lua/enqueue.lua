@@ -16,6 +16,9 @@
 -- lane in the model's metrics `totals` (shared/metrics.py ACCEPTED): less its ended ones, what it has in flight.
 --
 -- withdrawn: set when the API gave up on this submit and withdrew it (lua/withdraw.lua): a late run stores nothing.
+-- A key's job answered to a retry of the same request ('dup') is marked told (its value gains ' +'): a withdrawal of
+-- the submit that stored it, still to run (its first caller was answered 503; the retry may reach another API
+-- process, or a replica promoted with the job on it), then leaves the job standing, as one a worker took.
 --
 -- KEYS: queue, queues, job, payload, info, rate, fair_tags, fair_state, in_flight, totals, fair_backlog, withdrawn
 -- KEYS per item: idempotency
@@ -26,7 +29,13 @@ if redis.call('EXISTS', K.withdrawn) == 1 then return {'withdrawn', ''} end
 local idem = KEYS[FIXED + 1]
 if idem then
   local existing = redis.call('GET', idem)
-  if existing then return {'dup', existing} end
+  if existing then
+    local space = string.find(existing, ' ', 1, true)
+    if space and string.sub(existing, space) == string.sub(A.idempotency, #A.id + 1) then
+      redis.call('SET', idem, existing .. ' +', 'KEEPTTL')
+    end
+    return {'dup', existing}
+  end
 end
 if redis.call('LLEN', K.queue) + redis.call('ZCARD', K.fair_backlog) >= tonumber(A.max_length) then
   return {'full', ''}
