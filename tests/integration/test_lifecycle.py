@@ -192,7 +192,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
 
     scripts_seen: set[str] = set()
     by_sha = {s.sha: s.name for s in scripts.ALL}
-    evalshas = 0
+    evalshas = evals = 0
     violations = []
     declared: set[str] | None = None
     script = ""
@@ -211,6 +211,7 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
                 found = re.match(r"-- inferq:([a-z-]+)", command.args[1])
                 assert found is not None, f"an EVAL of no named script: {command.args[1][:80]!r}"
                 script = found.group(1)
+                evals += 1
             else:
                 assert command.args[1] in by_sha, f"an EVALSHA of no named script: {command.args[1]!r}"
                 script = by_sha[command.args[1]]
@@ -222,7 +223,9 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
             declared = None
     assert violations == []
     assert checked > 100  # the scripts' own commands were seen
-    assert evalshas == 2  # the async submit's: NOSCRIPT on a fresh server, then by hash once loaded
+    # A script's body crosses to Redis only when the server lacks it (an EVAL after a NOSCRIPT; SCRIPT LOAD before a
+    # pipeline, once per connection): every other call names it by hash.
+    assert evals <= len(scripts_seen) < evalshas
     # Every named script ran at least once in this walk through a job's life.
     assert scripts_seen == {s.name for s in scripts.ALL}
 
