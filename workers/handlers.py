@@ -219,15 +219,23 @@ class ImageClassifier(Handler):
         self._shift = (-mean / std).astype(np.float32).reshape(channels, 1, 1)
 
     def preprocess(self, payload: bytes, content_type: str) -> torch.Tensor:
-        image = resized(self._decode(payload), self.input, self.max_image_pixels)
-        pixels = np.asarray(image)  # uint8, height x width (x channels)
-        pixels = pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-        # Two passes over the pixels, written channel-first once: scaled into a new float array, then shifted. The
-        # same in numpy for an 8x8 digit (a torch op's dispatch costs more than its work there) and for a 224x224 image.
+        pixels = self.pixels(payload, content_type)
         out = np.empty(pixels.shape, dtype=np.float32)
+        self.normalise_into(pixels, out)
+        return torch.from_numpy(out)
+
+    def pixels(self, payload: bytes, content_type: str) -> np.ndarray:
+        """The image decoded and resized: uint8, channel-first (a view of Pillow's pixels, height x width x
+        channels). The worker normalises these straight into the batch (``workers.buffers``)."""
+        pixels = np.asarray(resized(self._decode(payload), self.input, self.max_image_pixels))
+        return pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+    def normalise_into(self, pixels: np.ndarray, out: np.ndarray) -> None:
+        """(pixel / 255 - mean) / std into ``out`` (float32, channel-first; a row of a batch, or an array of its own).
+        Two passes, written once: scaled, then shifted. The same in numpy for an 8x8 digit (a torch op's dispatch
+        costs more than its work there) and for a 224x224 image."""
         np.multiply(pixels, self._scale, out=out)
         out += self._shift
-        return torch.from_numpy(out)
 
     def warmup_payload(self) -> tuple[bytes, str] | None:
         height, width = self.input.size

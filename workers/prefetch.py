@@ -47,6 +47,8 @@ class Prefetched:
         """The batch as prepared, its items given the jobs the start returned; None if it was never prepared or
         the start dropped some of it (canceled, expired): then what did start is prepared again, as usual."""
         if self.prepared is None or self.items is None or not same_jobs(started, self.job_ids):
+            if self.prepared is not None:
+                self.prepared.give_back()
             return None
         for mine, item in zip(self.items, started, strict=True):
             mine.job, mine.info = item.job, item.info

@@ -20,7 +20,7 @@ import torch
 from inferq.shared.errors import AppError, ConfigError, InvalidInput
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.models import ModelConfig, weights_sha256
-from inferq.workers import fusion
+from inferq.workers import buffers, fusion
 from inferq.workers.collation import CountMismatch, record_stream, signature
 from inferq.workers.cpu_threads import ThreadTuner
 from inferq.workers.handlers import Handler, load_handler
@@ -56,6 +56,8 @@ class ModelRunner:
     fused: str = ""
     # A sequence model's forward time against its padded positions, which the plan's cuts weigh (``partition``).
     forward_cost: ForwardCost = field(default_factory=lambda: ForwardCost())
+    # The batch tensors a built-in image handler's batches are written into, reused (workers.buffers).
+    buffers: buffers.BatchBuffers = field(default_factory=lambda: buffers.BatchBuffers())
 
 
 @dataclass
@@ -131,26 +133,43 @@ class Prepared:
     phases: list[tuple[str, int, int]] = field(default_factory=list)  # preprocess and collate (BatchReport.phases)
     # The CUDA stream its copies to the device were queued on, when prepared off the main thread.
     stream: Any = None
+    # The reused buffers its batches were written into (workers.buffers), given back once it ran.
+    leases: list[buffers.Lease] = field(default_factory=list)
+
+    def give_back(self) -> None:
+        for lease in self.leases:
+            lease.give_back()
 
 
 def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
     """Preprocess each item (a bad one fails alone), plan the groups and collate them (onto the device)."""
     started, began = time.perf_counter(), time.time_ns()
+    # A built-in image handler's batch is written in place, each image normalised into it (workers.buffers).
+    image = buffers.filler(runner.handler)
+    filling = buffers.Filling(image, runner) if image is not None else None
     for item in items:
         if item.payload is None:
             item.fail("the job's input expired before it ran", input_refused=True)
             continue
         try:
-            item.value = runner.handler.preprocess(item.payload, item.content_type)
+            if filling is not None:
+                filling.add(item, item.payload)
+            else:
+                item.value = runner.handler.preprocess(item.payload, item.content_type)
         except Exception as exc:  # one bad item fails only its own job
             item.fail(readable(exc), exc)
-    prepared = Prepared(items)
+    prepared = Prepared(items, leases=filling.leases if filling is not None else [])
     preprocessed = time.time_ns()
-    for group in plan(runner, [item for item in items if item.error is None]):
+    # Each group and what its batch is made of: its rows of a buffer, moved to the device; or its items, collated.
+    if filling is not None:
+        groups: list[tuple[list[Item], Any]] = list(filling.groups())
+        collate: Callable[[Any], Any] = filling.to_device
+    else:
+        good = plan(runner, [item for item in items if item.error is None])
+        groups, collate = [(group, [item.value for item in group]) for group in good], runner.handler.collate
+    for group, parts in groups:
         try:
-            prepared.groups.append(
-                (group, laid_out(runner, runner.handler.collate([item.value for item in group])), None)
-            )
+            prepared.groups.append((group, laid_out(runner, collate(parts)), None))
         except Exception as exc:
             prepared.groups.append((group, None, exc))
     prepared.phases += [("preprocess", began, preprocessed), ("collate", preprocessed, time.time_ns())]
@@ -160,6 +179,13 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
 
 def run_prepared(runner: ModelRunner, prepared: Prepared) -> BatchReport:
     """Fill each item's output or error: the forward passes of a prepared batch."""
+    try:
+        return _run_prepared(runner, prepared)
+    finally:
+        prepared.give_back()  # its outputs are on the CPU: the batch's buffers are free for the next one
+
+
+def _run_prepared(runner: ModelRunner, prepared: Prepared) -> BatchReport:
     started = time.perf_counter()
     report = BatchReport(phases=list(prepared.phases))
     if prepared.stream is not None:
