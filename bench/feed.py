@@ -49,11 +49,14 @@ from inferq.shared.keys import queue_name
 from inferq.shared.lifecycle import rqhash
 from inferq.shared.redis_server import RedisServer, free_port
 from inferq.shared.rqjson import JSONQueue
+from inferq.workers.feeders import count_for
 
 log = logging.getLogger("bench")
 SUBMIT_CLIENTS = 32
-# As on a GPU: the next batch prepared while the device runs this one, and one torch thread on the host.
-WORKER_ENV = {"INFERQ_OVERLAP": "on", "INFERQ_CPU_THREADS": "1", "INFERQ_DEVICE": "cpu"}
+# As on a GPU: the next batch prepared while the device runs this one, one torch thread on the host, and the feeders
+# a CUDA worker starts by default (workers/feeders.py ``count_for``: the cores it may use).
+FEEDERS = count_for("auto", torch.device("cuda"))
+WORKER_ENV = {"INFERQ_OVERLAP": "on", "INFERQ_CPU_THREADS": "1", "INFERQ_DEVICE": "cpu", "INFERQ_FEEDERS": str(FEEDERS)}
 # The scenarios ``--profile`` profiles in a round of their own after their measured ones: rows 1 and 2's.
 PROFILED = ("digits", "text", "jpeg", "noop")
 FORWARD = "thread:MainThread"  # where the forward runs in today's worker (``--forward``, ``forward_ns``)

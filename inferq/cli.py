@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait for more jobs where it has paid (adaptive, the default) or never (greedy); --max-wait-ms above 0"
         " waits a fixed time instead",
     )
+    worker.add_argument(
+        "--feeders", type=_feeders, help="processes decoding an image model's batches: N, or auto (INFERQ_FEEDERS)"
+    )
     worker.add_argument("--burst", action="store_true", help="quit when the queues are empty")
     worker.add_argument(
         "--drain",
@@ -135,6 +138,15 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
     """--api and --api-key, for the commands that talk to the API through the SDK."""
     parser.add_argument("--api", help="API base URL (default http://INFERQ_HOST:INFERQ_PORT)")
     parser.add_argument("--api-key", help="a key of the API's INFERQ_API_KEYS or INFERQ_TENANTS, when it has them")
+
+
+def _feeders(value: str) -> int | str:
+    """``--feeders``: as INFERQ_FEEDERS, a count of processes (0 to 256) or ``auto``."""
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) > 256:
+        raise argparse.ArgumentTypeError(f"expected auto or a count from 0 to 256, got {value!r}")
+    return int(value)
 
 
 def _max_wait_ms(value: str) -> float:
@@ -223,6 +235,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from inferq.shared.rqjson import check_rq_version, refuse_pickle
     from inferq.workers.batching import BatchWorker
     from inferq.workers.ending import ending_runner
+    from inferq.workers.feeders import start_feeders
     from inferq.workers.handlers import resolve_device
     from inferq.workers.running import load_runner
 
@@ -271,6 +284,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise
         runner = runners[name]
         runner.judged = len(configs.versions(config.name)) > 1
+        start_feeders(runner, args.feeders if args.feeders is not None else settings.feeders, settings)
         if versions.forget_rollback_of_other_weights(told, name, runner.weights_sha256):
             log.info("model %s: a rollback judged on other weights no longer stands", name)
         versions.tell(told, name, "ready", weights=runner.weights_sha256)

@@ -268,6 +268,13 @@ class Settings(BaseSettings):
         " 8 min while each measure confirms it clearly (a worker with a CUDA model leaves torch's default)"
         " ([Operating](operating.md#cpu-threads))",
     )
+    feeders: Annotated[int, Field(ge=0, le=256)] | Literal["auto"] = Field(
+        default="auto",
+        description="processes that decode and normalise a built-in image model's batches into shared memory while"
+        " the worker's own process runs the forwards: a number (0: the worker's process does it), or `auto`: on a"
+        " CUDA device the cores the worker may use (at most 16), on the CPU none, since its forwards want the cores"
+        " ([Architecture](architecture.md#feeders))",
+    )
     overlap: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="prepare the next batch (pop, start, decode, collate into pinned memory) while the model runs"

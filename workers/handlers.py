@@ -224,6 +224,12 @@ class ImageClassifier(Handler):
         self.normalise_into(pixels, out)
         return torch.from_numpy(out)
 
+    @property
+    def pixel_shape(self) -> tuple[int, int, int]:
+        """What ``pixels`` gives every image: channels, height, width."""
+        height, width = self.input.size
+        return (1 if self.input.mode == "L" else 3, height, width)
+
     def pixels(self, payload: bytes, content_type: str) -> np.ndarray:
         """The image decoded and resized: uint8, channel-first (a view of Pillow's pixels, height x width x
         channels). The worker normalises these straight into the batch (``workers.buffers``)."""

@@ -23,6 +23,7 @@ from inferq.shared.models import ModelConfig, weights_sha256
 from inferq.workers import buffers, fusion
 from inferq.workers.collation import CountMismatch, record_stream, signature
 from inferq.workers.cpu_threads import ThreadTuner
+from inferq.workers.feeders import Feeders
 from inferq.workers.handlers import Handler, load_handler
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class ModelRunner:
     forward_cost: ForwardCost = field(default_factory=lambda: ForwardCost())
     # The batch tensors a built-in image handler's batches are written into, reused (workers.buffers).
     buffers: buffers.BatchBuffers = field(default_factory=lambda: buffers.BatchBuffers())
+    # The processes that decode its images into shared buffers (workers.feeders); None: this process does.
+    feeders: Feeders | None = None
 
 
 @dataclass
@@ -81,9 +84,17 @@ class Item:
     # expired): a version's rollback never counts it (shared/versions.py ``judge``).
     input_refused: bool = False
 
-    def fail(self, reason: str, exc: BaseException | None = None, *, input_refused: bool = False) -> None:
+    def fail(
+        self,
+        reason: str,
+        exc: BaseException | None = None,
+        *,
+        input_refused: bool = False,
+        told_traceback: str | None = None,
+    ) -> None:
+        """Fail the item; ``told_traceback``: the traceback of an error raised elsewhere (a feeder's)."""
         self.error = reason
-        self.traceback = "".join(traceback.format_exception(exc)) if exc is not None else reason
+        self.traceback = "".join(traceback.format_exception(exc)) if exc is not None else told_traceback or reason
         self.input_refused = input_refused or isinstance(exc, InvalidInput)
 
 

@@ -1,9 +1,13 @@
-"""Image batches written in place (workers.buffers): the batch a built-in image handler's model sees is exactly
-``preprocess`` then ``stack``, in reused buffers, one bad image failing alone; a handler's own preprocess keeps
+"""Image batches written in place (workers.buffers), here or by feeder processes (workers.feeders): the batch a
+built-in image handler's model sees is exactly ``preprocess`` then ``stack``, in reused buffers, one bad image
+failing alone with the worker's own error, a feeder killed mid-batch losing none; a handler's own preprocess keeps
 its own path. No Redis."""
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +20,8 @@ from PIL import Image
 
 from inferq.shared.models import load_model_config
 from inferq.workers import buffers
-from inferq.workers.handlers import ImageClassifier
+from inferq.workers.feeders import Feeders
+from inferq.workers.handlers import DEFAULT_MAX_IMAGE_PIXELS, ImageClassifier
 from inferq.workers.running import Item, ModelRunner, load_runner, prepare, run_batch, run_prepared
 from tests.support.builders import write_config
 
@@ -130,3 +135,75 @@ def test_only_the_built_in_preprocessing_is_written_in_place(tmp_path: Path) -> 
     prepared = prepare(own, _items(payloads))
     expected = torch.stack([own.handler.preprocess(p, "image/jpeg") for p in payloads])
     assert torch.equal(prepared.groups[0][1], expected) and prepared.leases == []
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
+    """A runner whose images two feeder processes decode."""
+    runner = _runner(tmp_path_factory.mktemp("fed"))
+    runner.feeders = Feeders(runner.config, 2, DEFAULT_MAX_IMAGE_PIXELS)
+    yield runner
+    runner.feeders.close()
+    runner.buffers.close()
+
+
+def _alone_in_process(tmp_path: Path, payloads: list[bytes]) -> list[Item]:
+    items = _items(payloads)
+    run_batch(_runner(tmp_path), items)
+    return items
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_feeders_write_the_batch_the_worker_would(fed: ModelRunner, channels_last: bool) -> None:
+    fed.channels_last = channels_last
+    payloads = [_image(n, size=(20 + n, 15 + n), fmt="PNG" if n % 3 else "JPEG") for n in range(7)]
+    prepared = prepare(fed, _items(payloads))
+    ((group, batch, error),) = prepared.groups
+    assert error is None and len(group) == 7 and prepared.leases[0].buffer.segment is not None
+    assert torch.equal(batch, torch.stack([fed.handler.preprocess(p, "image/jpeg") for p in payloads]))
+    run_prepared(fed, prepared)
+    fed.channels_last = False
+    assert fed.feeders is not None and fed.feeders.deaths == 0  # filled by the feeders, not in this process
+
+
+def test_a_bad_image_fails_alone_with_the_workers_own_error(fed: ModelRunner, tmp_path: Path) -> None:
+    """Its row closed up: the model sees the good images only, each answered as alone."""
+    huge = BytesIO()
+    Image.new("RGB", (3000, 3000)).save(huge, format="PNG")
+    payloads = [_image(0), b"not an image", _image(1), huge.getvalue(), _image(2)]
+    fed.handler.max_image_pixels = DEFAULT_MAX_IMAGE_PIXELS
+    items = _items(payloads)
+    run_batch(fed, items)
+    here = _alone_in_process(tmp_path, payloads)
+    assert [item.error for item in items] == [item.error for item in here]
+    assert [item.input_refused for item in items] == [item.input_refused for item in here]
+    assert items[1].error and "could not decode image" in items[1].error and "Traceback" in (items[1].traceback or "")
+    assert [item.output for item in items] == [item.output for item in here]
+    assert all(item.output is not None for n, item in enumerate(items) if n in (0, 2, 4))
+    assert fed.feeders is not None and fed.feeders.deaths == 0
+
+
+def test_a_feeder_killed_mid_batch_loses_no_image(fed: ModelRunner, tmp_path: Path) -> None:
+    feeders = fed.feeders
+    assert feeders is not None
+    pool = feeders._pool
+    assert pool is not None
+    submit = pool.submit
+
+    def submit_then_kill(fn: Any, *args: Any) -> Any:
+        future = submit(fn, *args)
+        for process in list(pool._processes.values()):  # type: ignore[attr-defined]
+            os.kill(process.pid, signal.SIGKILL)
+        return future
+
+    pool.submit = submit_then_kill  # type: ignore[method-assign]
+    payloads = [_image(n) for n in range(12)]
+    items = _items(payloads)
+    run_batch(fed, items)
+    assert feeders.deaths == 1
+    assert [item.output for item in items] == [item.output for item in _alone_in_process(tmp_path, payloads)]
+    # The next batch goes to feeders started again.
+    again = _items(payloads[:3])
+    run_batch(fed, again)
+    assert feeders.deaths == 1 and feeders._pool is not None and feeders._pool is not pool
+    assert all(item.error is None for item in again)
