@@ -4,13 +4,14 @@ upload's size, the API holds one slice of lines and one line of at most ``line_l
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+import pybase64
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -71,6 +72,8 @@ class LineChecker:
         self.kind = input_kind(config.input)
         self.limit = line_limit(settings)
         self.refusals = Refusals()
+        # An image model's lines carry no numbers it reads: orjson may parse them (see ``_loads``).
+        self.loads = _loads if self.kind.from_json is None else json.loads
 
     def take(self, lines: Sequence[tuple[int, bytes | None]]) -> None:
         """Check a slice of (line number, line; None for one over ``line_limit``, dropped unread)."""
@@ -107,7 +110,7 @@ class LineChecker:
             raise PayloadTooLarge(f"the line is over {self.limit} bytes, the most a line may hold")
         check_json_size(self.config, self.kind, raw, "line")
         try:
-            line = json.loads(raw)
+            line = self.loads(raw)
         except (ValueError, RecursionError) as exc:
             raise InvalidInput(f"not valid JSON: {exc}") from None
         if not isinstance(line, dict):
@@ -136,7 +139,7 @@ class LineChecker:
             if not isinstance(line["image"], str):
                 raise InvalidInput("image must be a base64 string")
             try:
-                data = base64.b64decode(line["image"], validate=True)
+                data = pybase64.b64decode(line["image"], validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidInput("image is not valid base64") from None
             payload = kind.from_bytes(config.input, data, "", config.name, settings)
@@ -144,6 +147,16 @@ class LineChecker:
             field_name = "inputs" if kind.from_json is not None else "image"
             raise InvalidInput(f"each line needs '{field_name}': model {config.name} takes {kind.takes}")
         return BulkItem(custom_id, payload.data, payload.content_type, trace)
+
+
+def _loads(raw: bytes) -> Any:
+    """An image model's line, as ``json.loads`` reads it: by orjson (a 45 KB base64 line in half the time), and by
+    ``json`` where orjson refuses (NaN, a lone surrogate's escape) or the line is bad, so every error is ``json``'s.
+    Not for lines whose numbers are read: orjson makes an integer past 64 bits a float, where ``json`` keeps it."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def _is_unicode(text: str) -> bool:
@@ -156,7 +169,8 @@ def _is_unicode(text: str) -> bool:
 
 
 async def read_upload(request: Request, settings: Settings, checker: LineChecker | None, hasher: Any) -> None:
-    """Read the whole upload into ``hasher`` (its fingerprint) and, unless None, ``checker``, a slice at a time."""
+    """Read the whole upload into ``hasher`` (its fingerprint; None: it has no Idempotency-Key, so none is kept)
+    and, unless None, ``checker``, a slice at a time."""
     lines: list[tuple[int, bytes | None]] = []
     size = 0
     async for number, raw in _numbered_lines(_body_blocks(request, settings), line_limit(settings), hasher):
@@ -178,7 +192,8 @@ async def _numbered_lines(
     rest = bytearray()
     number, dropping = 0, False
     async for block in blocks:
-        hasher.update(block)
+        if hasher is not None:
+            hasher.update(block)
         start = 0
         while (end := block.find(b"\n", start)) >= 0:
             number += 1

@@ -265,7 +265,7 @@ class Feed:
             scenario.model,
             "--name",
             name,
-            env={**WORKER_ENV, LOG_DIR_ENV: str(threads_log)},
+            env={**worker_env(self.args), LOG_DIR_ENV: str(threads_log)},
         )
         try:
             self._wait(lambda: self.connection.hget(f"rq:worker:{name}", "state") == b"suspended", worker, 600)
@@ -355,7 +355,7 @@ def feed(redis: RedisServer, tmp: Path, base_models: dict[str, Path], args: argp
         "submit_s": args.submit_s,
         "clients": SUBMIT_CLIENTS,
         "loadgen": pick_tool(args.loadgen),
-        "worker_env": WORKER_ENV,
+        "worker_env": worker_env(args),
         "forward": args.forward,
         "max_batch": MAX_BATCH,
         "sim_rates": SIM_RATES,
@@ -399,6 +399,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " py-spy on the worker where installed (bench/feedprofile.py)",
     )
     parser.add_argument("--forward", default=FORWARD, help="where the forward runs: thread:NAME or process:COMM")
+    parser.add_argument("--feeders", type=int, help=f"the workers' INFERQ_FEEDERS (default {FEEDERS}, a GPU's auto)")
+
+
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The workers' environment: ``WORKER_ENV``, with ``--feeders`` where given."""
+    feeders = getattr(args, "feeders", None)
+    return WORKER_ENV if feeders is None else {**WORKER_ENV, "INFERQ_FEEDERS": str(feeders)}
 
 
 def options(quick: bool, loadgen: str | None) -> argparse.Namespace:

@@ -175,6 +175,8 @@ def _init(config_json: str, max_image_pixels: int) -> None:
     torch.set_num_threads(1)
     config = ModelConfig.model_validate_json(config_json)
     _HANDLER = ImageClassifier(config, torch.device("cpu"), max_image_pixels=max_image_pixels)
+    import inferq.workers.buffers
+    import inferq.workers.running  # noqa: F401  # what a run imports (``readable``): loaded now, not in a batch
 
 
 def fill_run(run: Run) -> list[tuple[int, str, str, bool]]:

@@ -119,7 +119,7 @@ async def submit_batch(
     )
     checker = LineChecker(config, settings, writer)
     try:
-        await read_upload(request, settings, checker, fingerprint)
+        await read_upload(request, settings, checker, fingerprint if idem_key else None)
         if not writer.items:
             shown = "; ".join(r["error"] for r in checker.refusals.shown[:3]) or "the upload has no lines"
             raise InvalidInput(f"no line of the upload is a valid item: {shown}")

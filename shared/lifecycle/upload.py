@@ -306,24 +306,38 @@ def encode_ids(custom_ids: Iterable[str]) -> str:
     return "\n".join(json.dumps(custom_id, ensure_ascii=True) for custom_id in custom_ids)
 
 
+# A chunk's stored body: this line, then per item a JSON header line (its custom_id, content type, trace, and the
+# length of its payload) and the payload's own bytes. An image line's base64 is decoded once, at upload: the chunk
+# holds the bytes themselves (storing them as base64 in JSON again was a third of an image line's API cost).
+CHUNK_MAGIC = b"inferq-chunk/1\n"
+
+
 def decode_chunk(payload: bytes) -> list[BulkItem]:
-    """A chunk's items, as a ``BatchWriter`` stored them."""
-    items = json.loads(payload)["items"]
-    return [BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"], i.get("trace")) for i in items]
+    """A chunk's items, as a ``BatchWriter`` stored them (or as one stored them in JSON, before the binary body)."""
+    if not payload.startswith(CHUNK_MAGIC):
+        items = json.loads(payload)["items"]
+        return [
+            BulkItem(i["custom_id"], base64.b64decode(i["payload"]), i["content_type"], i.get("trace")) for i in items
+        ]
+    out, at = [], len(CHUNK_MAGIC)
+    view = memoryview(payload)
+    while at < len(payload):
+        end = payload.index(b"\n", at)
+        head = json.loads(view[at:end].tobytes())
+        at, size = end + 1, head["bytes"]
+        out.append(BulkItem(head["custom_id"], view[at : at + size].tobytes(), head["content_type"], head.get("trace")))
+        at += size
+    return out
 
 
-def _chunk_body(chunk: Sequence[BulkItem]) -> str:
-    items = []
+def _chunk_body(chunk: Sequence[BulkItem]) -> bytes:
+    parts = [CHUNK_MAGIC]
     for i in chunk:
-        body: dict[str, Any] = {
-            "custom_id": i.custom_id,
-            "content_type": i.content_type,
-            "payload": base64.b64encode(i.payload).decode(),
-        }
+        head: dict[str, Any] = {"custom_id": i.custom_id, "content_type": i.content_type, "bytes": len(i.payload)}
         if i.trace:
-            body["trace"] = i.trace
-        items.append(body)
-    return json.dumps({"items": items}, separators=(",", ":"))
+            head["trace"] = i.trace
+        parts += [json.dumps(head, separators=(",", ":")).encode(), b"\n", i.payload]
+    return b"".join(parts)
 
 
 def _text(value: bytes | str) -> str:
