@@ -22,6 +22,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
+import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_AUTO = 16
+PARENT_CHECK_S = 1.0  # how often a feeder looks whether its worker is still its parent
 
 
 def count_for(setting: int | str, device: torch.device) -> int:
@@ -172,11 +175,20 @@ _MAPPED: dict[str, tuple[Any, np.ndarray]] = {}
 def _init(config_json: str, max_image_pixels: int) -> None:
     global _HANDLER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's Ctrl-C is the worker's: it stops its feeders
+    # A worker killed with SIGKILL cannot stop its feeders: each ends by itself once its parent is gone (it is
+    # handed to another parent then), rather than linger with its memory after inferq up has started a new worker.
+    threading.Thread(target=_end_with, args=(os.getppid(),), name="inferq-feeder-parent", daemon=True).start()
     torch.set_num_threads(1)
     config = ModelConfig.model_validate_json(config_json)
     _HANDLER = ImageClassifier(config, torch.device("cpu"), max_image_pixels=max_image_pixels)
     import inferq.workers.buffers
     import inferq.workers.running  # noqa: F401  # what a run imports (``readable``): loaded now, not in a batch
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 def fill_run(run: Run) -> list[tuple[int, str, str, bool]]:
