@@ -23,7 +23,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -285,6 +285,9 @@ class BatchWorker(SimpleWorker):
         """
         ready = self.prefetch.take()
         if ready is not None:
+            # The batch after it is claimed, read and fed from now on, beside this one's start and run: with a fast
+            # device, feeding it only once this one ran left the feeders idle through every start.
+            self.prefetch.start()
             self._held = (ready.queue, ready.job_ids)
             self.outage.skip(self.heartbeat, "sending a heartbeat")
             return JSONJob(ready.job_ids[0], connection=self.connection), ready.queue
@@ -390,7 +393,8 @@ class BatchWorker(SimpleWorker):
         try:
             job_ids = ready.job_ids if ready else self._collect(queue, job.id, runner.max_batch)
             began = None if ready else time.perf_counter()  # the fill policy's batch-time curve
-            items = self._start(queue, job_ids)  # the worker is BUSY from here: RQ waits for the batch
+            # The worker is BUSY from here: RQ waits for the batch. A batch read ahead is started without its inputs.
+            items = self._start(queue, job_ids, ready.inputs() if ready is not None else None)
         except redis.exceptions.RedisError as exc:
             if not is_unavailable(exc):
                 raise
@@ -571,16 +575,18 @@ class BatchWorker(SimpleWorker):
         policy.waited(arrivals, time.monotonic() - began)
         return job_ids
 
-    def _start(self, queue: Queue, job_ids: list[str]) -> list[Item]:
-        """Start the popped jobs and load them, in one transaction with the worker's BUSY state.
+    def _start(self, queue: Queue, job_ids: list[str], read: Mapping[str, bytes | None] | None = None) -> list[Item]:
+        """Start the popped jobs and load them, in one transaction with the worker's BUSY state; ``read``: their
+        inputs by id, read ahead (the prefetch), so the start does not carry them back again.
 
         The start script drops what must not run (canceled, no longer queued, expired) atomically:
         a cancel lands either before it (the job is dropped) or after (the job is canceled while running).
         """
         heartbeat_ttl = self.settings.heartbeat_ttl_s
         qk = layout.queue_keys(queue.name)
+        ttl = self._running_job_ttl_s()
         with self.connection.pipeline(transaction=True) as pipe:
-            call = claims.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, self._running_job_ttl_s())
+            call = claims.start(pipe, self.settings, qk, job_ids, self.name, heartbeat_ttl, ttl, inputs=read is None)
             # No current_job on the worker's hash: rq-dashboard reads that job with pickle whatever its
             # --json says, and its workers page fails on a JSON job. The started registry names the batch.
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -603,6 +609,8 @@ class BatchWorker(SimpleWorker):
             log.info("worker %s: %d canceled job(s) dropped from the batch", self.name, len(result.dropped))
         items = []
         for job in result.jobs:
+            if read is not None:
+                job.payload = read.get(job.id)
             if F.BATCH not in job.info:
                 items.append(Item(job, job.payload, job.info.get(F.CONTENT_TYPE, "")))
                 continue

@@ -43,6 +43,12 @@ class Prefetched:
     items: list[Item] | None = None
     prepared: Prepared | None = None
 
+    def inputs(self) -> dict[str, bytes | None] | None:
+        """Its jobs' inputs by id, as read ahead; None when they were not read (a bulk chunk: its start reads it)."""
+        if self.items is None:
+            return None
+        return {job_id: item.payload for job_id, item in zip(self.job_ids, self.items, strict=True)}
+
     def adopt(self, started: list[Item]) -> tuple[list[Item], Prepared] | None:
         """The batch as prepared, its items given the jobs the start returned; None if it was never prepared or
         the start dropped some of it (canceled, expired): then what did start is prepared again, as usual."""

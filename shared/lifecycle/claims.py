@@ -203,8 +203,11 @@ def start(
     worker_name: str,
     heartbeat_ttl_s: int,
     job_ttl_s: int,
+    *,
+    inputs: bool = True,
 ) -> StartCall:
-    """Queue the start of a popped batch into ``pipe`` (the caller's transaction)."""
+    """Queue the start of a popped batch into ``pipe`` (the caller's transaction); ``inputs``: whether its reply
+    carries the started jobs' inputs (not when the worker read them ahead: ``read_inputs``)."""
     started_at = now()
     model = keys.model_from_queue(qk.name)
     hk = layout.hooks()
@@ -235,6 +238,7 @@ def start(
         "model": model,
         "now": repr(time.time()),
         "expired_tail": EXPIRED_LINE_TAIL,
+        "inputs": "1" if inputs else "0",
         "metrics": calls.metrics_args(),
         "delivery": calls.delivery_args(settings),
         "jobs": list(zip(job_ids, execution_ids, strict=True)),

@@ -217,9 +217,9 @@ def test_a_job_that_vanishes_before_its_batch_starts_is_skipped_not_recreated(
     worker = BatchWorker({"echo": echo_runner(4)}, connection=redis, settings=settings, name="vanish-start")
     start = worker._start
 
-    def expire_one_first(queue: Any, job_ids: list[str]) -> Any:
+    def expire_one_first(queue: Any, job_ids: list[str], *read: Any) -> Any:
         redis.delete(JSONJob.key_for(ids[1]))  # its hash expires between the pop and the start
-        return start(queue, job_ids)
+        return start(queue, job_ids, *read)
 
     monkeypatch.setattr(worker, "_start", expire_one_first)
     worker.work(burst=True)

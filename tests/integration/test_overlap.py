@@ -23,6 +23,7 @@ import torch
 from rq.utils import now
 
 from inferq.shared.jobs import QueueCache, Submission, cancel_job, enqueue_job, get_job_view
+from inferq.shared.lifecycle import claims
 from inferq.shared.models import ModelConfig, TensorInput
 from inferq.shared.settings import Settings
 from inferq.workers.batching import BatchWorker
@@ -232,3 +233,28 @@ def test_a_forced_stop_gives_back_the_running_batch_then_the_prefetched_one(
     assert [i.decode() for i in redis.lrange(QUEUE, 0, -1)] == ids
     assert redis.llen(f"{QUEUE}:intermediate") == 0
     assert redis.zcard("rq:wip:inferq.rec") == 0
+
+
+def test_a_batch_read_ahead_is_started_without_carrying_its_inputs_back(
+    redis: redis_py.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefetch reads a batch's inputs before its start; the start script returned every input again (a 34 KB
+    JPEG's bytes crossing Redis a second time, issue 46). Now only a batch not read ahead gets them from it."""
+    settings = Settings(redis_url=redis_url)
+    ids = _submit(redis, settings, 10)
+    carried: list[bool] = []
+    started = claims.started
+
+    def counting(call: Any, replies: list[Any]) -> Any:
+        result = started(call, replies)
+        carried.extend(job.payload is not None for job in result.jobs)
+        return result
+
+    monkeypatch.setattr(claims, "started", counting)
+    worker, handler = _worker(redis, redis_url, "on", "overlap-once")
+    handler.total = 10
+    handler.wait_for_next = True
+    worker.work(burst=True)
+    assert worker.batches_prefetched == 2
+    assert carried == [True] * 4 + [False] * 6  # the first batch's start read them; the prefetch read the rest
+    assert [get_job_view(redis, i)["result"]["output"] for i in ids] == [[i, i * 10] for i in range(10)]

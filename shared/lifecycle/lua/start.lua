@@ -5,7 +5,8 @@
 -- and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
 -- score: the started registry's; stamp, timestamp: now as RQ writes it and in epoch seconds (an execution's);
 -- now: epoch seconds; expired_tail: an expired chunk's line tail (``lua.line_tail``); jobs: per job (in its
--- keys' order) its id and its new execution's id.
+-- keys' order) its id and its new execution's id. inputs: '1' to return each started job's input, '0' when the
+-- worker read them ahead (its overlap: ``claims.read_inputs``), so they do not cross Redis a second time.
 --
 -- waiting: the queue's count of waiting bulk items (keys.waiting_items_key).
 -- record, results: a bulk chunk's batch (for a single job, its info key again, untouched).
@@ -13,12 +14,13 @@
 --
 -- KEYS: intermediate, started, hook_queue, queues, metrics, window, failures, waiting
 -- KEYS per item: job, info, payload, execution, executions, attempts, delivery, record, results, batch_delivery, span
--- ARGV: score, execution_ttl, job_ttl, worker, stamp, timestamp, channel, model, now, expired_tail, @metrics, @delivery, jobs[id, execution]
+-- ARGV: score, execution_ttl, job_ttl, worker, stamp, timestamp, channel, model, now, expired_tail, inputs, @metrics, @delivery, jobs[id, execution]
 -- uses: announce, call_many
 
 local score, ttl, job_ttl = tonumber(A.score), tonumber(A.execution_ttl), tonumber(A.job_ttl)
 local worker, stamp, ts, channel, model, now_s = A.worker, A.stamp, A.timestamp, A.channel, A.model, tonumber(A.now)
 local m, tpl = A.metrics, A.delivery
+local inputs = A.inputs == '1'
 local acc = {}
 local out, started, registry = {}, {}, {}
 local n = 0
@@ -80,7 +82,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
         redis.call('HSETNX', record, 'started_at', stamp)
       end
     end
-    out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, redis.call('GET', payload) or false,
+    out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, inputs and redis.call('GET', payload) or false,
               redis.call('HGETALL', info)}
     started[#started + 1] = id
   end
