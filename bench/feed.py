@@ -20,6 +20,7 @@ torch thread. Each scenario runs ``--rounds`` times (a fresh worker each); each 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import numpy as np
 import torch
 from PIL import Image
@@ -86,7 +88,9 @@ ROWS = {
     "sim_device": ("sim1000", "sim2000"),
     "host_capacity": ("jpeg",),
     "text_cpu": ("text",),
+    "bulk_upload": (),  # uploads, not submits (``Feed.upload_round``)
 }
+BULK_LINES = 256  # JPEG lines per upload: 11.5 MB, four chunks of 64
 
 
 def forward_ns(usage: cpu.TreeUsage, where: str) -> int:
@@ -249,6 +253,33 @@ class Feed:
         self.connection.flushall()
         return out
 
+    def upload_round(self, index: int) -> dict[str, Any]:
+        """One bulk upload of ``BULK_LINES`` 34 KB JPEG lines (base64, as `inferq batch` sends them) to the CNN:
+        the API's CPU and Redis's per item, from the request's start to its 202 (no worker runs)."""
+        self.connection.flushall()
+        jpeg = jpeg_of_about(JPEG_BYTES)
+        image = base64.b64encode(jpeg).decode()
+        body = "".join(
+            json.dumps({"custom_id": f"item-{index}-{n}", "image": image}) + "\n" for n in range(BULK_LINES)
+        ).encode()
+        self.meter.measure_idle(1.0)
+        api = cpu.Tree(self.api.pid)
+        api.start()
+        self.meter.start()
+        response = httpx.post(
+            f"{self.base}/v1/models/cnn/batches",
+            content=body,
+            headers={"content-type": "application/x-ndjson"},
+            timeout=120,
+        )
+        redis = self.meter.stop(BULK_LINES)
+        api_us = api.stop().total_ns / 1000 / BULK_LINES
+        if response.status_code != 202 or response.json().get("counts", {}).get("total", BULK_LINES) != BULK_LINES:
+            raise RuntimeError(f"feed bulk upload: {response.status_code} {response.text[:300]}")
+        log.info("feed bulk upload round %d: API %.1f us/item, Redis %.1f us/item", index, api_us, redis["cpu_us"])
+        self.connection.flushall()
+        return {"items": BULK_LINES, "bytes": len(body), "api_us": api_us, "redis_us": redis["cpu_us"]}
+
     def _drain(self, scenario: Scenario, index: int, jobs: int, idle_s: float, profile: bool) -> dict[str, Any]:
         """A worker started after the queueing, suspended while it loads; measured from its release to the end."""
         name = f"feed-{scenario.name}-{index}-{os.getpid()}"
@@ -383,6 +414,12 @@ def feed(redis: RedisServer, tmp: Path, base_models: dict[str, Path], args: argp
                     "worker": profiled["worker_profile"],
                     "worker_threads_us": profiled["worker"],
                 }
+        if "bulk_upload" in rows:
+            uploads = [run.upload_round(index) for index in range(args.rounds)]
+            out["bulk_upload"] = {
+                "rounds": uploads,
+                "best": {"api_us": min(u["api_us"] for u in uploads), "redis_us": min(u["redis_us"] for u in uploads)},
+            }
     out["load_average"]["after"] = os.getloadavg()
     return out
 

@@ -19,6 +19,8 @@ TARGETS_DOC = {
     "feed_host": "feed: the JPEG drain on an instant device (the host's capacity) >= 1.5x one thread of today's"
     " preprocessing arithmetic, measured right before and after",
     "feed_text": "feed: text (langid, instant device), worker + Redis CPU per job, submit to finish: <= 120 us",
+    "feed_bulk_upload": "feed: bulk upload, the API's CPU per 34 KB JPEG line (base64, as `inferq batch` sends it),"
+    " request to 202: <= 50 us",
 }
 
 
@@ -98,6 +100,14 @@ def rows(results: dict[str, Any]) -> list[Row]:
         value = text["worker_redis_us"]
         detail = f"{value:.1f} us (worker {text['worker_us']:.1f} + Redis {text['redis_us']:.1f}; best of {rounds})"
         out.append(_row("feed_text", value, value <= 120, detail))
+    if "bulk_upload" in feed["rows"] and "bulk_upload" in feed:
+        upload = feed["bulk_upload"]
+        value = upload["best"]["api_us"]
+        lines = upload["rounds"][0]["items"]
+        detail = (
+            f"{value:.1f} us/item (Redis {upload['best']['redis_us']:.1f}); {lines} lines an upload, best of {rounds}"
+        )
+        out.append(_row("feed_bulk_upload", value, value <= 50, detail))
     return out
 
 

@@ -174,3 +174,13 @@ def test_py_spys_stacks_are_summed_by_thread_and_function() -> None:
     ]
     assert dict(got["inclusive"])["_run (prefetch.py:3)"] == 0.4
     assert got["inferq_inclusive"] == [("run_prepared (inferq/workers/running.py:2)", 0.6)]  # inferq's own only
+
+
+def test_the_bulk_upload_row_reads_the_api_cpu_per_line() -> None:
+    results = _feed()
+    results["feed"]["rows"] = ["bulk_upload"]
+    uploads = [{"items": 256, "bytes": 11_611_538, "api_us": api_us, "redis_us": 20.0} for api_us in (61.0, 48.5)]
+    results["feed"]["bulk_upload"] = {"rounds": uploads, "best": {"api_us": 48.5, "redis_us": 20.0}}
+    (row,) = feedrows.rows(results)
+    assert row["name"] == "feed_bulk_upload" and row["value"] == 48.5 and row["holds"] is True
+    assert "48.5 us/item (Redis 20.0); 256 lines an upload, best of 2" in row["detail"]
