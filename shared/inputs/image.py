@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.shared.errors import InvalidInput, UnsupportedMedia
 from inferq.shared.inputs.base import InputKind, Payload
-from inferq.shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, png_chunks, png_size
+from inferq.shared.inputs.headers import PNG_SIGNATURE, TooManyChunks, jpeg_size, png_chunks, png_size
 from inferq.shared.settings import Settings
 
 # Pillow's resampling filters by name, as torchvision's InterpolationMode names them (lower case).
@@ -74,12 +74,15 @@ def _too_many_chunks() -> InvalidInput:
 
 
 def header_size(data: bytes) -> tuple[str, tuple[int, int]] | None:
-    """The format and size of a plainly well-formed PNG, read without Pillow; ``None`` for anything else."""
+    """The format and size of a plainly well-formed PNG or JPEG, read without Pillow; ``None`` for anything else."""
     try:
         png = png_size(data, MAX_PNG_CHUNKS)
     except TooManyChunks:
         raise _too_many_chunks() from None
-    return ("PNG", png) if png is not None else None
+    if png is not None:
+        return "PNG", png
+    jpeg = jpeg_size(data)
+    return ("JPEG", jpeg) if jpeg is not None else None
 
 
 def check_image(data: bytes, settings: Settings) -> str:

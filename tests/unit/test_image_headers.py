@@ -1,4 +1,5 @@
-"""The submit path reads a PNG's size from its header without Pillow, and agrees with Pillow on every file."""
+"""The submit path reads a PNG's or a plain JPEG's size from its header without Pillow, and agrees with Pillow on
+every file, mutated files included."""
 
 from __future__ import annotations
 
@@ -42,9 +43,47 @@ def _pngs() -> list[bytes]:
     return [*files, buffer.getvalue()]
 
 
+def _jpeg(mode: str, size: tuple[int, int] = (37, 21), **options: object) -> bytes:
+    buffer = io.BytesIO()
+    pixels = Image.effect_noise(size, 40).convert(mode)
+    pixels.save(buffer, format="JPEG", **options)
+    return buffer.getvalue()
+
+
+def _jpegs() -> list[bytes]:
+    """JPEGs as encoders write them with no metadata: the reader answers each without Pillow."""
+    files = [_jpeg("L"), _jpeg("RGB"), _jpeg("RGB", (224, 224), quality=90), _jpeg("RGB", (1, 1))]
+    files += [_jpeg("RGB", progressive=True), _jpeg("RGB", optimize=True), _jpeg("RGB", subsampling=0)]
+    files += [_jpeg("RGB", dpi=(300, 300)), _jpeg("L", (640, 3), quality=20), _jpeg("RGB", restart_marker_rows=1)]
+    return files
+
+
 @pytest.mark.parametrize("data", _pngs(), ids=lambda data: str(len(data)))
 def test_the_header_reader_gives_pillows_format_and_size(data: bytes) -> None:
     assert header_size(data) == _pillow(data)
+
+
+@pytest.mark.parametrize("data", _jpegs(), ids=lambda data: str(len(data)))
+def test_a_plain_jpeg_is_read_without_pillow_as_pillow_reads_it(data: bytes) -> None:
+    found = header_size(data)
+    assert found is not None and found == _pillow(data)
+
+
+def test_on_broken_jpegs_the_reader_answers_only_what_pillow_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a CRC a flipped byte of the frame header is a new size: Pillow reads the same one (its bomb check
+    off here; ``check_image`` holds the pixel limit on both paths, the test below)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    rng = random.Random(12)
+    accepted = doubted = 0
+    for data in _jpegs():
+        for mutated in _mutations(data, rng, 400):
+            header = header_size(mutated)
+            if header is None:
+                doubted += 1
+                continue
+            accepted += 1
+            assert header == _pillow(mutated), mutated[:64]
+    assert accepted > 500 and doubted > 500, (accepted, doubted)
 
 
 def _mutations(data: bytes, rng: random.Random, count: int) -> list[bytes]:
@@ -86,6 +125,7 @@ def test_a_png_is_checked_without_opening_it_in_pillow(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(image_kind.Image, "open", no_pillow)
     assert check_image(_png("L", (8, 8)), Settings()) == "PNG"
+    assert check_image(_jpeg("RGB", (224, 224)), Settings()) == "JPEG"
 
 
 def test_what_the_reader_doubts_still_gets_pillows_answer() -> None:
@@ -94,15 +134,20 @@ def test_what_the_reader_doubts_still_gets_pillows_answer() -> None:
     broken[20] ^= 0xFF  # inside IHDR: its CRC no longer matches
     with pytest.raises(UnsupportedMedia, match="not a decodable image"):
         check_image(bytes(broken), settings)
-    jpeg = io.BytesIO()
-    Image.new("RGB", (5, 4)).save(jpeg, format="JPEG")
-    assert header_size(jpeg.getvalue()) is None
-    assert check_image(jpeg.getvalue(), settings) == "JPEG"
+    with_exif = _jpeg("RGB", (5, 4), exif=Image.Exif())  # EXIF: the JPEG reader leaves it to Pillow
+    assert header_size(with_exif) is None
+    assert check_image(with_exif, settings) == "JPEG"
+    cut = _jpeg("L")[:30]  # cut before its frame header
+    assert header_size(cut) is None
+    with pytest.raises(UnsupportedMedia, match="not a decodable image"):
+        check_image(cut, settings)
 
 
 def test_pixel_limit_and_chunk_limit_hold_on_the_fast_path() -> None:
     with pytest.raises(InvalidInput, match="pixels; the limit is 100"):
         check_image(_png("L", (11, 10)), Settings(max_image_pixels=100))
+    with pytest.raises(InvalidInput, match="pixels; the limit is 100"):
+        check_image(_jpeg("L", (11, 10)), Settings(max_image_pixels=100))
     assert check_image(_png("L", (10, 10)), Settings(max_image_pixels=100)) == "PNG"
     data = _png("L", (4, 4))
     ihdr_end = 8 + 25
