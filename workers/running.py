@@ -25,6 +25,7 @@ from inferq.workers.collation import CountMismatch, record_stream, signature
 from inferq.workers.cpu_threads import ThreadTuner
 from inferq.workers.feeders import Feeders
 from inferq.workers.handlers import Handler, load_handler
+from inferq.workers.text import tokenizes_many
 
 log = logging.getLogger(__name__)
 # Weight formats stored as a traced graph, whose shapes (the batch axis among them) may have been fixed when saved.
@@ -158,6 +159,9 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
     # A built-in image handler's batch is written in place, each image normalised into it (workers.buffers).
     image = buffers.filler(runner.handler)
     filling = buffers.Filling(image, runner) if image is not None else None
+    # A built-in text handler's texts are tokenised in one call (workers/text.py ``preprocess_many``).
+    texts = tokenizes_many(runner.handler)
+    tokenised: list[Item] = []
     for item in items:
         if item.payload is None:
             item.fail("the job's input expired before it ran", input_refused=True)
@@ -165,10 +169,19 @@ def prepare(runner: ModelRunner, items: list[Item]) -> Prepared:
         try:
             if filling is not None:
                 filling.add(item, item.payload)
+            elif texts is not None:
+                tokenised.append(item)
             else:
                 item.value = runner.handler.preprocess(item.payload, item.content_type)
         except Exception as exc:  # one bad item fails only its own job
             item.fail(readable(exc), exc)
+    if texts is not None and tokenised:
+        values = texts.preprocess_many([(item.payload or b"", item.content_type) for item in tokenised])
+        for item, value in zip(tokenised, values, strict=True):
+            if isinstance(value, Exception):
+                item.fail(readable(value), value)
+            else:
+                item.value = value
     prepared = Prepared(items, leases=filling.leases if filling is not None else [])
     preprocessed = time.time_ns()
     # Each group and what its batch is made of: its rows of a buffer, moved to the device; or its items, collated.

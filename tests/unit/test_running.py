@@ -16,7 +16,8 @@ from inferq.shared.errors import InvalidInput
 from inferq.shared.models import load_model_config
 from inferq.workers.collation import pad_sequences, split, stack
 from inferq.workers.handlers import Handler
-from inferq.workers.running import ForwardCost, Item, ModelRunner, load_runner, partition, run_batch
+from inferq.workers.running import ForwardCost, Item, ModelRunner, load_runner, partition, prepare, run_batch
+from inferq.workers.text import TextClassifier, tokenizes_many
 from tests.support.builders import (
     Ragged,
     cnn_in_every_format,
@@ -337,3 +338,39 @@ def test_an_image_model_answers_the_same_in_either_memory_layout(tmp_path: Path,
 def test_a_text_model_is_never_laid_out_channels_last(bert_folder: Path, tmp_path: Path) -> None:
     runner = _text_runner(bert_folder, tmp_path, max_batch=8)
     assert not runner.channels_last
+
+
+class _OwnTokens(TextClassifier):
+    """A text handler with its own preprocess: the batch path leaves it alone."""
+
+    def preprocess(self, payload: bytes, content_type: str) -> dict[str, torch.Tensor]:
+        return super().preprocess(payload.upper(), content_type)
+
+
+def test_a_batchs_texts_are_tokenised_in_one_call_to_what_each_alone_gives(bert_folder: Path, tmp_path: Path) -> None:
+    """The tokenizer was called once per text (its per-call cost was most of a short text's preprocessing)."""
+    runner = _text_runner(bert_folder, tmp_path, max_batch=64)
+    handler = runner.handler
+    assert tokenizes_many(handler) is handler
+    texts = [*sentences(6, seed=5, max_words=30), "word " * 2000, "ünïcødé ☃ text", " "]
+    payloads = [t.encode() for t in texts] + [b"\xff\xfe not utf-8"]
+    calls: list[Any] = []
+    tokenizer = handler.tokenizer  # type: ignore[attr-defined]
+    handler.tokenizer = lambda *args, **kwargs: calls.append(args) or tokenizer(*args, **kwargs)  # type: ignore[attr-defined]
+    items = _items(payloads, "text/plain; charset=utf-8")
+    prepare(runner, items)
+    assert len(calls) == 1  # one call for the batch's seven texts
+    handler.tokenizer = tokenizer  # type: ignore[attr-defined]
+    for item, payload in zip(items, payloads, strict=True):
+        try:
+            alone = handler.preprocess(payload, "text/plain; charset=utf-8")
+        except InvalidInput as exc:
+            assert item.error == exc.message and item.input_refused
+            continue
+        assert item.value.keys() == alone.keys()
+        assert all(torch.equal(item.value[key], alone[key]) for key in alone)
+    assert [item.error is None for item in items] == [True] * 8 + [False, False]
+    assert len(items[6].value["input_ids"]) == handler.max_tokens  # truncated as alone  # type: ignore[attr-defined]
+    own = _text_runner(bert_folder, tmp_path / "own", max_batch=64)
+    own.handler.__class__ = _OwnTokens
+    assert tokenizes_many(own.handler) is None
