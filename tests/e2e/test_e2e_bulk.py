@@ -236,40 +236,49 @@ def test_the_cli_runs_a_folder_of_images_and_a_rerun_skips_what_is_done(bulk_sta
     assert len(out.read_text().splitlines()) == 5
 
 
+# ``python -m inferq`` with SIGINT raising KeyboardInterrupt, as in a terminal (an ignored SIGINT is inherited).
+_WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('inferq', run_name='__main__', alter_sys=True)"
+)
+
+
 @pytest.mark.timeout(600)  # its hang guards, on a loaded machine
 def test_ctrl_c_cancels_what_has_not_run_and_keeps_what_finished(bulk_stack: Stack, tmp_path: Path) -> None:
     source = tmp_path / "items.jsonl"
     source.write_bytes(jsonl(items(40, "cc")))
     out = tmp_path / "out.jsonl"
     bulk_stack.start_worker("slow", name="slow-cc", env={"INFERQ_TEST_SLOW_S": "1"})
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "inferq", "batch", "slow", str(source), "--out", str(out), "--api", bulk_stack.base],
+    # The CLI as a terminal's Ctrl-C finds it, whatever this process inherited: started in the background of a
+    # script, the whole suite (and every child) had SIGINT ignored, and the CLI never saw it.
+    command = [sys.executable, "-c", _WITH_CTRL_C, "batch", "slow", str(source), "--out", str(out)]
+    with subprocess.Popen(
+        [*command, "--api", bulk_stack.base],
         cwd=ROOT,
         env={**os.environ, **bulk_stack.env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    # Hang guards, not timings: on a loaded machine the worker's start alone (torch's import) has taken a minute.
-    wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 8, 240, "the first chunk's lines")
-    # The worker suspended (RQ's own switch: it ends the chunk it runs, starts at most one more within its check's
-    # second), so some chunks surely wait when the cancel comes, however slowly a loaded machine runs the CLI (a
-    # loaded run of the suite saw every chunk end first).
-    client = bulk_stack.redis()
-    suspend(client)
-    try:
-        cli.send_signal(signal.SIGINT)
-        _, stderr = cli.communicate(timeout=180)
-        assert cli.returncode == 130, stderr
-        assert "canceled" in stderr
-        (batch_key,) = [
-            k for k in client.keys("inferq:batch:*") if k.count(b":") == 2 and client.hget(k, "total") == b"40"
-        ]
-        view = batch(bulk_stack, batch_key.decode().rsplit(":", 1)[1])
-        wait_until(lambda: batch(bulk_stack, view["id"])["status"] == "canceled", 120, "the batch to end canceled")
-    finally:
-        resume(client)
-        client.close()
+    ) as cli:
+        # Hang guards, not timings: on a loaded machine the worker's start alone (torch's import) has taken a minute.
+        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 8, 240, "the first chunk's lines")
+        # The worker suspended (RQ's own switch: it ends the chunk it runs, starts at most one more within its check's
+        # second), so some chunks surely wait when the cancel comes, however slowly a loaded machine runs the CLI.
+        client = bulk_stack.redis()
+        suspend(client)
+        try:
+            cli.send_signal(signal.SIGINT)
+            _, stderr = cli.communicate(timeout=180)
+            assert cli.returncode == 130, stderr
+            assert "canceled" in stderr
+            (batch_key,) = [
+                k for k in client.keys("inferq:batch:*") if k.count(b":") == 2 and client.hget(k, "total") == b"40"
+            ]
+            view = batch(bulk_stack, batch_key.decode().rsplit(":", 1)[1])
+            wait_until(lambda: batch(bulk_stack, view["id"])["status"] == "canceled", 120, "the batch to end canceled")
+        finally:
+            resume(client)
+            client.close()
     counts = batch(bulk_stack, view["id"])["counts"]
     assert counts["canceled"] > 0 and counts["finished"] + counts["canceled"] == 40
     written = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]

@@ -16,6 +16,9 @@ def test_after_an_in_process_worker_sigint_and_sigterm_are_handled_as_before(
     redis: redis_py.Redis, redis_url: str, request: pytest.FixtureRequest
 ) -> None:
     settings = Settings(redis_url=redis_url)
+    # Python's own Ctrl-C handler, whatever this process inherited (a suite started in a script's background has
+    # SIGINT ignored): the handler the worker must give back is then a real one. The fixture restores the original.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     with kept_signal_handlers():
         submit_echo(redis, settings, [1, 2])
