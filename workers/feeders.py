@@ -120,13 +120,10 @@ class Feeders:
                 failures.setdefault(run[0], {})[row] = Failure(reason, trace, refused)
         if broken:
             self.deaths += 1
-            log.warning("model %s: a feeder died; its images were decoded in the worker, feeders restart", self.name)
+            name = self.config.name
+            log.warning("model %s: a feeder died; its images were decoded in the worker, feeders restart", name)
             self._stop()
         return failures
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     def close(self) -> None:
         self._stop()
@@ -138,7 +135,7 @@ class Feeders:
             self.count,
             mp_context=context,
             initializer=_init,
-            initargs=(self.config.model_dump_json(), self.max_image_pixels),
+            initargs=(self.config.model_dump_json(), self.max_image_pixels, os.getpid()),
         )
         # Each process starts now (its imports, the handler), not on the first batch: at the worker's load, and again
         # on the batch after a death.
@@ -172,12 +169,14 @@ _HANDLER: ImageClassifier | None = None
 _MAPPED: dict[str, tuple[Any, np.ndarray]] = {}
 
 
-def _init(config_json: str, max_image_pixels: int) -> None:
+def _init(config_json: str, max_image_pixels: int, worker: int) -> None:
     global _HANDLER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's Ctrl-C is the worker's: it stops its feeders
     # A worker killed with SIGKILL cannot stop its feeders: each ends by itself once its parent is gone (it is
     # handed to another parent then), rather than linger with its memory after inferq up has started a new worker.
-    threading.Thread(target=_end_with, args=(os.getppid(),), name="inferq-feeder-parent", daemon=True).start()
+    # The worker's pid comes from the worker: one killed while this feeder was still importing had left it, asking
+    # its own parent then, watching the process it had been handed to.
+    threading.Thread(target=_end_with, args=(worker,), name="inferq-feeder-parent", daemon=True).start()
     torch.set_num_threads(1)
     config = ModelConfig.model_validate_json(config_json)
     _HANDLER = ImageClassifier(config, torch.device("cpu"), max_image_pixels=max_image_pixels)
