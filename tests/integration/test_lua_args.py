@@ -33,3 +33,11 @@ def test_lua_reads_every_declared_form_by_name(redis: redis_py.Redis) -> None:
     assert got["empty"] == got["chunks"]["job"][1] == {}  # cjson: {} for an empty table
     blob = Script("blob", ("k",), "return A.blob", args=parse_args("blob"))
     assert blob(redis, ["inferq:test:k"], args={"blob": args["blob"]}) == args["blob"]
+
+
+def test_a_list_longer_than_one_unpack_takes_arrives_whole(redis: redis_py.Redis) -> None:
+    source = "return {#A.ids, A.ids[1], A.ids[#A.ids], #A.info}"
+    script = Script("count", ("k",), source, args=parse_args("ids[], info<>"))
+    ids = [f"id-{n}" for n in range(9001)]  # past the decoder's unpack bound and Lua's C stack
+    info = {f"f{n}": n for n in range(2500)}  # 5,000 values
+    assert script(redis, ["inferq:test:k"], args={"ids": ids, "info": info}) == [9001, b"id-0", b"id-9000", 5000]

@@ -94,3 +94,12 @@ def test_every_script_declares_its_arguments_and_uses_no_positional_argv() -> No
         assert keys_used <= set(script.keys), (script.name, keys_used - set(script.keys))
     for lib in (SOURCES / "lib").glob("*.lua"):
         assert "ARGV[" not in lib.read_text(), lib.name
+
+
+def test_a_key_or_info_field_a_script_does_not_declare_fails_when_its_body_is_built() -> None:
+    assert "KEYS[2]" in Script("ok", ("a", "b"), "return K.b").body
+    assert "'canceled'" in Script("ok", ("a",), "return F.CANCELED").body
+    with pytest.raises(ValueError, match=r"K\.c is not declared"):
+        _ = Script("typo", ("a", "b"), "return K.c").body
+    with pytest.raises(ValueError, match=r"F\.CANCELLED is not declared"):
+        _ = Script("typo", ("a",), "return F.CANCELLED").body
