@@ -27,7 +27,7 @@ from redis import Redis
 
 from bench.models import build_models
 from inferq.shared.jobs import TERMINAL, QueueCache, Submission, _new_job, enqueue_job, get_job_view
-from inferq.shared.lifecycle import scripts, submit
+from inferq.shared.lifecycle import submit
 from inferq.shared.models import load_model_config
 from inferq.shared.redis_server import RedisServer
 from inferq.shared.settings import Settings
@@ -107,8 +107,7 @@ def _backlog(connection: Redis, settings: Settings, model: str, jobs: int, fair:
         with connection.pipeline(transaction=False) as pipe:
             for i in range(start, min(start + 500, jobs)):
                 submission = Submission(model, payloads[i % 8], content_type, tenant="a", fair=fair)
-                fixed, items, args, _ = submit._enqueue_call(_new_job(settings, submission))
-                scripts.ENQUEUE(pipe, fixed, items, args)
+                submit.queue_enqueue(pipe, _new_job(settings, submission))
             pipe.execute()
 
 

@@ -218,22 +218,18 @@ def start(
             layout.job_key(i),
             keys.info_key(i),
             keys.payload_key(i),
-            layout.execution_key(i, e),
-            layout.executions_key(i),
             keys.webhook_attempts_key(i),
             layout.delivery_key(i),
             *calls.batch_keys(i),
             keys.attempt_key(i),
         ]
-        for i, e in zip(job_ids, execution_ids, strict=True)
+        for i in job_ids
     ]
     args = {
         "score": current_timestamp() + heartbeat_ttl_s,
-        "execution_ttl": heartbeat_ttl_s,
         "job_ttl": job_ttl_s,
         "worker": worker_name,
         "stamp": utcformat(started_at),
-        "timestamp": repr(started_at.timestamp()),
         "channel": keys.EVENTS_CHANNEL,
         "model": model,
         "now": repr(time.time()),
@@ -281,14 +277,13 @@ def started(call: StartCall, replies: list[Any]) -> Started:
 
 
 def keep_alive(pipe: Pipeline, qk: QueueKeys, jobs: Sequence[Claimed], heartbeat_ttl_s: int, job_ttl_s: int) -> None:
-    """While a batch runs: its executions stay in the started registry; the jobs outlive the run."""
+    """While a batch runs: its jobs stay in the started registry; the jobs outlive the run."""
     if not jobs:
         return
     score = current_timestamp() + heartbeat_ttl_s
     pipe.zadd(qk.started, {f"{j.id}:{j.execution_id}": score for j in jobs}, xx=True)
     for job in jobs:
         # EXPIRE never creates a key: a job canceled or expired meanwhile stays gone.
-        pipe.expire(layout.execution_key(job.id, job.execution_id), heartbeat_ttl_s)
         pipe.expire(layout.job_key(job.id), job_ttl_s)
         pipe.expire(keys.info_key(job.id), job_ttl_s)
         pipe.expire(keys.payload_key(job.id), job_ttl_s)
@@ -302,7 +297,7 @@ def give_back(connection: Redis, qk: QueueKeys, jobs: Sequence[tuple[str, str]],
 
 
 def _give_back(client: Any, qk: QueueKeys, jobs: Sequence[tuple[str, str]], worker_name: str) -> Any:
-    per_job = [[layout.job_key(i), layout.execution_key(i, e), layout.executions_key(i)] for i, e in jobs]
+    per_job = [[layout.job_key(i)] for i, _ in jobs]
     return scripts.GIVE_BACK(client, [qk.queue, qk.started], per_job, {"worker": worker_name, "jobs": jobs})
 
 

@@ -74,8 +74,6 @@ def finish(
                 keys.info_key(job.id),
                 layout.result_key(job.id),
                 keys.payload_key(job.id),
-                layout.execution_key(job.id, job.execution_id),
-                layout.executions_key(job.id),
                 keys.webhook_attempts_key(job.id),
                 layout.delivery_key(job.id),
                 *calls.batch_keys(job.id),

@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Any
 
 from redis import Redis
-from rq.executions import Execution, ExecutionRegistry
 from rq.job import Retry
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.results import Result
@@ -40,14 +39,6 @@ def job_key(job_id: str) -> str:
 
 def result_key(job_id: str) -> str:
     return Result.get_key(job_id)
-
-
-def executions_key(job_id: str) -> str:
-    return ExecutionRegistry.key_template.format(job_id)
-
-
-def execution_key(job_id: str, execution_id: str) -> str:
-    return Execution(execution_id, job_id, _OFFLINE).key
 
 
 def workers_key(queue_name: str) -> str:

@@ -21,8 +21,9 @@ from typing import Any, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Retry
 from rq.utils import current_timestamp, now, utcformat
@@ -145,8 +146,6 @@ def _enqueue_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, An
         "fair_window": layout.FAIR_WINDOW,
         "lane": new.lane,
         "totals_ttl": metrics.TOTALS_TTL_S,
-        "payload": new.payload,
-        "payload_ttl": new.live_s,
         "info_ttl": new.info_ttl_s,
         "job_ttl": new.queue_ttl_s,
         "info": new.info,
@@ -174,11 +173,15 @@ def _withdraw_call(new: NewJob) -> tuple[list[str], list[list[str]], dict[str, A
 def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
     """Write and queue the job in one atomic step: verdict "ok", "full" or "dup" (with the stored value).
 
+    The input goes first, by a plain SET in the same pipeline (lua/enqueue.lua says why), then the script.
     A submit whose answer does not come is withdrawn (``_UNKNOWN``): the error is raised once nothing of it can
     stay (or, if its withdrawal gets no answer either, as it was), unless a worker already took its job: "ok"."""
-    fixed, items, args, created_at = _enqueue_call(new)
+    created_at: datetime | None = None
     try:
-        verdict, existing = scripts.ENQUEUE(connection, fixed, items, args)
+        with connection.pipeline(transaction=False) as pipe:
+            created_at = queue_enqueue(pipe, new)
+            stored, reply = pipe.execute(raise_on_error=False)
+        verdict, existing = _verdict(stored, reply)
     except _UNKNOWN:
         try:
             taken = calls.text(scripts.WITHDRAW(connection, *_withdraw_call(new))) == "taken"
@@ -187,15 +190,31 @@ def enqueue(connection: Redis, new: NewJob) -> tuple[str, str, datetime | None]:
         if not taken:
             raise
         return "ok", "", created_at
-    return calls.text(verdict), calls.text(existing), created_at
+    return verdict, existing, created_at
+
+
+def queue_enqueue(pipe: Pipeline, new: NewJob) -> datetime:
+    """``new``'s input and ENQUEUE queued on a synchronous pipeline that is not a transaction (many submits may share
+    one); its replies are the SET's and the script's. Returns the job's creation time."""
+    fixed, items, args, created_at = _enqueue_call(new)
+    pipe.set(keys.payload_key(new.id), new.payload, ex=new.live_s)
+    scripts.ENQUEUE(pipe, fixed, items, args)
+    return created_at
 
 
 async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, datetime | None]:
-    """``enqueue`` on the API's ``redis.asyncio`` client: the same script and arguments, and the same withdrawal;
-    one that gets no answer either is sent again in the background until Redis runs it (``withdrawing``)."""
+    """``enqueue`` on the API's ``redis.asyncio`` client: the same input, script and arguments, and the same
+    withdrawal; one that gets no answer either is sent again in the background until Redis runs it
+    (``withdrawing``)."""
     fixed, items, args, created_at = _enqueue_call(new)
     try:
-        verdict, existing = await scripts.ENQUEUE.call_async(connection, fixed, items, args)
+        async with connection.pipeline(transaction=False) as pipe:
+            pipe.set(keys.payload_key(new.id), new.payload, ex=new.live_s)
+            scripts.ENQUEUE.queue_async(pipe, fixed, items, args)
+            stored, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):  # a restarted or flushed server: EVAL caches it again
+            reply = await scripts.ENQUEUE.eval_async(connection, fixed, items, args)
+        verdict, existing = _verdict(stored, reply)
     except _UNKNOWN:
         call = _withdraw_call(new)
         try:
@@ -208,7 +227,17 @@ async def enqueue_async(connection: AsyncRedis, new: NewJob) -> tuple[str, str, 
         if not taken:
             raise
         return "ok", "", created_at
-    return calls.text(verdict), calls.text(existing), created_at
+    return verdict, existing, created_at
+
+
+def _verdict(stored: Any, reply: Any) -> tuple[str, str]:
+    """ENQUEUE's verdict and detail from the replies of the input's SET and the script; either's error raised
+    (the SET's first: a script that found no input says only "lost")."""
+    for answer in (stored, reply):
+        if isinstance(answer, Exception):
+            raise answer
+    verdict, existing = reply
+    return calls.text(verdict), calls.text(existing)
 
 
 # Withdrawals sent again in the background (a submit whose withdrawal got no answer in time either): the enqueue it
@@ -267,6 +296,8 @@ def check_enqueued(verdict: str, existing: str, fingerprint: str, model: str, te
     reached, or reuse."""
     if verdict == "full":
         raise QueueFull(f"the queue of model {model} is full; retry later")
+    if verdict == "lost":  # its input's SET did not stand (lua/enqueue.lua): nothing was queued
+        raise Unavailable("Redis did not keep this submit's input; nothing was queued: retry")
     if verdict == "withdrawn":  # its caller gave up on it before it ran: never the answer a waiting caller reads
         raise Unavailable("Redis did not answer this submit in time; it was withdrawn: retry")
     if verdict == "in_flight":
@@ -293,7 +324,7 @@ def _cancel_call(settings: Settings, job_id: str, owner: str | None, origin: byt
     qk = layout.queue_keys(origin.decode())
     hk = layout.hooks()
     job_keys = [layout.job_key(job_id), keys.info_key(job_id), keys.payload_key(job_id), qk.queue, qk.started]
-    job_keys += [qk.canceled, layout.executions_key(job_id), keys.webhook_attempts_key(job_id)]
+    job_keys += [qk.canceled, keys.webhook_attempts_key(job_id)]
     job_keys += [layout.delivery_key(job_id), hk.queue, layout.QUEUES_SET]
     job_keys += calls.metrics_keys(keys.model_from_queue(qk.name))[:2]
     job_keys += [keys.attempt_key(job_id), qk.fair_tags, qk.fair_backlog]

@@ -122,9 +122,10 @@ def test_a_waited_submit_reads_its_job_only_when_told_it_ended(tmp_path: Path) -
         )
         assert response.status_code == 202 and response.json()["status"] == "queued"
         stats = client.info("commandstats")
-        # No worker ran it: one ENQUEUE (an EVALSHA, and the EVAL that loaded the script into this fresh Redis),
-        # and not one read of the job: it is known to be queued until an event says otherwise.
+        # No worker ran it: its input's SET and one ENQUEUE (an EVALSHA, and the EVAL that loaded the script into
+        # this fresh Redis), and not one read of the job: it is known to be queued until an event says otherwise.
         assert stats["cmdstat_evalsha"]["calls"] == 1 and stats["cmdstat_eval"]["calls"] == 1
+        assert stats["cmdstat_set"]["calls"] == 1
         assert "cmdstat_hgetall" not in stats and "cmdstat_pttl" not in stats
         client.close()
 

@@ -18,6 +18,7 @@ from redis.asyncio import Redis as AsyncRedis
 from rq.serializers import JSONSerializer
 
 from inferq.shared import keys, versions
+from inferq.shared.errors import QueueFull, Unavailable
 from inferq.shared.jobs import (
     QueueCache,
     Submission,
@@ -28,7 +29,7 @@ from inferq.shared.jobs import (
     get_job_view,
     new_job_id,
 )
-from inferq.shared.lifecycle import bulk, claims, layout, scripts, submit
+from inferq.shared.lifecycle import bulk, calls, claims, layout, scripts, submit
 from inferq.shared.lifecycle.bulk import BulkItem, NewBatch
 from inferq.shared.lifecycle.upload import BatchWriter
 from inferq.shared.models import ModelConfig
@@ -356,3 +357,47 @@ def test_a_job_canceled_while_stranded_in_the_intermediate_list_stays_canceled(
     assert get_job_view(redis, job_id)["status"] == "canceled"
     assert events.of(job_id) == []
     assert _deliveries(redis) == [f"webhook-{job_id}"]
+
+
+def test_a_refused_submit_leaves_no_input_and_one_without_its_input_queues_nothing(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """The input goes by a SET before ENQUEUE (lua/enqueue.lua): a refusal deletes it, and the script queues nothing
+    whose input is not there."""
+    small = settings.model_copy(update={"max_queue_length": 1})
+    first = _submit(redis, small, webhook=None)
+    payloads = {k for k in redis.scan_iter(keys.payload_key("*"))}
+    assert payloads == {keys.payload_key(first).encode()}
+    with pytest.raises(QueueFull):
+        _submit(redis, small, webhook=None)
+    assert {k for k in redis.scan_iter(keys.payload_key("*"))} == payloads  # the refused one's input went with it
+    new = _new_job(settings, Submission("echo", b'{"inputs": [1]}', "application/json"))
+    fixed, items, args, _ = submit._enqueue_call(new)  # the script alone: its input never SET
+    assert [calls.text(v) for v in scripts.ENQUEUE(redis, fixed, items, args)] == ["lost", ""]
+    assert not redis.exists(layout.job_key(new.id), keys.info_key(new.id))
+    assert redis.lrange(layout.queue_keys(keys.queue_name("echo", new.lane)).queue, 0, -1) == [first.encode()]
+    with pytest.raises(Unavailable, match="input"):
+        submit.check_enqueued("lost", "", "", "echo")
+
+
+def test_a_started_job_is_in_rqs_started_registry_with_no_execution_hash_and_a_cancel_takes_it_out(
+    redis: redis_py.Redis, settings: Settings
+) -> None:
+    """RQ's started registry lists a running job (``rq info``, rq-dashboard); RQ's per-job execution hashes are not
+    written (lua/start.lua), and a cancel finds the registry entry by the job hash's own field."""
+    from rq.registry import StartedJobRegistry
+    from rq.serializers import JSONSerializer
+
+    job_id = _submit(redis, settings, webhook=None)
+    qk = layout.queue_keys("inferq.echo")
+    assert redis.lmove(qk.queue, qk.intermediate) == job_id.encode()  # popped, as a claim pops
+    with redis.pipeline() as pipe:
+        call = claims.start(pipe, settings, qk, [job_id], "w-registry", 60, 600)
+        started = claims.started(call, pipe.execute())
+    assert [j.id for j in started.jobs] == [job_id]
+    registry = StartedJobRegistry("inferq.echo", connection=redis, serializer=JSONSerializer)
+    assert registry.get_job_ids() == [job_id]
+    assert redis.keys("rq:execution*") == []
+    assert redis.hget(layout.job_key(job_id), "inferq_execution") == started.jobs[0].execution_id.encode()
+    cancel_job(QueueCache(redis), settings, job_id)
+    assert registry.get_job_ids() == [] and get_job_view(redis, job_id)["status"] == "canceled"

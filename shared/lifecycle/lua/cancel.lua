@@ -6,7 +6,7 @@
 --
 -- fair_tags, fair_backlog: the queue's fair order (lib/fair.lua), which the job leaves.
 --
--- KEYS: job, info, payload, queue, started, canceled, executions, attempts, delivery, hook_queue, queues, metrics, window, span, fair_tags, fair_backlog
+-- KEYS: job, info, payload, queue, started, canceled, attempts, delivery, hook_queue, queues, metrics, window, span, fair_tags, fair_backlog
 -- ARGV: id, owner, origin, ttl, now, stamp, channel, @metrics, @delivery
 -- uses: announce, fair
 
@@ -21,9 +21,8 @@ if status == 'finished' or status == 'failed' or status == 'stopped' or status =
 end
 redis.call('HSET', job, 'status', 'canceled', 'ended_at', stamp)
 if not fair_forget(K.fair_tags, K.fair_backlog, id) then redis.call('LREM', K.queue, 0, id) end
-for _, exec_id in ipairs(redis.call('ZRANGE', K.executions, 0, -1)) do
-  redis.call('ZREM', K.started, id .. ':' .. exec_id)
-end
+local exec_id = redis.call('HGET', job, 'inferq_execution')  -- a started job's entry in the started registry
+if exec_id then redis.call('ZREM', K.started, id .. ':' .. exec_id) end
 redis.call('HSET', info, F.CANCELED, '1')
 redis.call('ZADD', K.canceled, now_s + ttl, id)
 redis.call('ZREMRANGEBYSCORE', K.canceled, '-inf', now_s)

@@ -1,14 +1,14 @@
 -- finish: End a batch. Per job (`jobs`: a JSON entry each, in its keys' order): a job whose hash is gone is not
 -- re-created; one a client canceled, RQ's maintenance failed or requeued, or another worker took over meanwhile
 -- keeps that state (its result is dropped); the rest get their status, RQ result, registry entry and info,
--- then their event and webhook. The execution always leaves; the input too unless the job will run
+-- then their event and webhook. The started registry's entry always leaves; the input too unless the job will run
 -- again. Each job that ends here adds its metrics (entry field `m`, JSON in a string; failures `f`), the
 -- batch its own (`batch_metrics`): the sum of all of them comes ready-made (`all_metrics`), and is recounted only
 -- if some job did not end. Returns {vanished ids, superseded ids}. span: the job's running attempt's trace span
 -- (tracing on, workers/traces.py): gone with the job's end, its value kept in the info hash for the webhook's span.
 --
 -- KEYS: started, finished, failed, hook_queue, queues, worker, metrics, window, failures
--- KEYS per item: job, info, result, payload, execution, executions, attempts, delivery, record, results, batch_delivery, span
+-- KEYS per item: job, info, result, payload, attempts, delivery, record, results, batch_delivery, span
 -- ARGV: now, channel, worker, working_s, @metrics, batch_metrics, all_metrics, @delivery, jobs[]
 -- uses: announce, call_many
 
@@ -25,7 +25,7 @@ local done, failed, running, gone = {}, {}, {}, {}
 local counts = {finished = 0, failed = 0}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, result, payload, exec, execs, attempts, delivery, record, results, batch_delivery, span =
+  local job, info, result, payload, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
   n = n + 1
   local j = cjson.decode(A.jobs[n])
@@ -74,8 +74,6 @@ for k = FIXED + 1, #KEYS, STRIDE do
     end
   end
   running[#running + 1] = j.id .. ':' .. j.exec_id
-  gone[#gone + 1] = exec
-  redis.call('ZREM', execs, j.exec_id)
   if not keep_input then gone[#gone + 1] = payload end
 end
 -- The batch's registry moves and deletions, one call each.

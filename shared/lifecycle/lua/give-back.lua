@@ -3,17 +3,15 @@
 -- jobs: per job (in its keys' order) its id and execution id.
 --
 -- KEYS: queue, started
--- KEYS per item: job, execution, executions
+-- KEYS per item: job
 -- ARGV: worker, jobs[id, execution]
 
 local back, n = {}, 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, exec, execs = unpack(KEYS, k, k + STRIDE - 1)
+  local job = KEYS[k]
   n = n + 1
   local id, exec_id = A.jobs.id[n], A.jobs.execution[n]
   redis.call('ZREM', K.started, id .. ':' .. exec_id)
-  redis.call('DEL', exec)
-  redis.call('ZREM', execs, exec_id)
   if redis.call('HGET', job, 'status') == 'started' and redis.call('HGET', job, 'worker_name') == A.worker then
     redis.call('HSET', job, 'status', 'queued')
     back[#back + 1] = id

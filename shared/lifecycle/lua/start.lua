@@ -1,9 +1,11 @@
 -- start: Mark a batch started. Per job: out of the intermediate list; a job whose hash is gone is never
 -- re-created (announced `expired` if its queue deadline passed unrun); one no longer queued or
--- flagged canceled is dropped; the rest get an execution, enter the started registry and are marked
+-- flagged canceled is dropped; the rest enter the started registry under an execution id (`<id>:<execution>`, as
+-- RQ writes it; the id is kept in the job hash's `inferq_execution`, for a cancel to find the entry: RQ's
+-- per-job execution hashes are not written, two keys and six commands a job that no RQ tool reads) and are marked
 -- started, with their hash, input and info outliving the job timeout. Returns per job {id, state}
 -- and, for started ones, the hash fields, the input and the info hash. Expired jobs are counted.
--- score: the started registry's; stamp, timestamp: now as RQ writes it and in epoch seconds (an execution's);
+-- score: the started registry's; stamp: now as RQ writes it;
 -- now: epoch seconds; expired_tail: an expired chunk's line tail (``lua.line_tail``); jobs: per job (in its
 -- keys' order) its id and its new execution's id. inputs: '1' to return each started job's input, '0' when the
 -- worker read them ahead (its overlap: ``claims.read_inputs``), so they do not cross Redis a second time.
@@ -13,19 +15,19 @@
 -- span: the job's attempt's trace span (tracing on), left by an attempt that never ended: gone with a vanished job.
 --
 -- KEYS: intermediate, started, hook_queue, queues, metrics, window, failures, waiting
--- KEYS per item: job, info, payload, execution, executions, attempts, delivery, record, results, batch_delivery, span
--- ARGV: score, execution_ttl, job_ttl, worker, stamp, timestamp, channel, model, now, expired_tail, inputs, @metrics, @delivery, jobs[id, execution]
+-- KEYS per item: job, info, payload, attempts, delivery, record, results, batch_delivery, span
+-- ARGV: score, job_ttl, worker, stamp, channel, model, now, expired_tail, inputs, @metrics, @delivery, jobs[id, execution]
 -- uses: announce, call_many
 
-local score, ttl, job_ttl = tonumber(A.score), tonumber(A.execution_ttl), tonumber(A.job_ttl)
-local worker, stamp, ts, channel, model, now_s = A.worker, A.stamp, A.timestamp, A.channel, A.model, tonumber(A.now)
+local score, job_ttl = tonumber(A.score), tonumber(A.job_ttl)
+local worker, stamp, channel, model, now_s = A.worker, A.stamp, A.channel, A.model, tonumber(A.now)
 local m, tpl = A.metrics, A.delivery
 local inputs = A.inputs == '1'
 local acc = {}
 local out, started, registry = {}, {}, {}
 local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
-  local job, info, payload, exec, execs, attempts, delivery, record, results, batch_delivery, span =
+  local job, info, payload, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
   local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
@@ -64,13 +66,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
   elseif j[2] ~= 'queued' or flags[2] then
     out[n] = {id, 'dropped'}
   else
-    redis.call('HSET', exec, 'id', exec_id, 'created_at', ts, 'last_heartbeat', ts, 'worker_name', worker)
-    redis.call('EXPIRE', exec, ttl)
-    redis.call('ZADD', execs, score + 60, exec_id)
-    redis.call('EXPIRE', execs, ttl + 60)
     registry[#registry + 1] = score
     registry[#registry + 1] = id .. ':' .. exec_id
-    redis.call('HSET', job, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp, 'worker_name', worker)
+    redis.call('HSET', job, 'last_heartbeat', stamp, 'status', 'started', 'started_at', stamp, 'worker_name', worker,
+               'inferq_execution', exec_id)
     redis.call('EXPIRE', job, job_ttl)
     redis.call('EXPIRE', payload, job_ttl)
     redis.call('EXPIRE', info, job_ttl)
