@@ -17,7 +17,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now, utcformat
 
-from inferq.shared import durability, keys, metrics
+from inferq.shared import durability, keys, metrics, tracing
 from inferq.shared.lifecycle import calls, layout, scripts
 from inferq.shared.lifecycle.claims import Claimed
 from inferq.shared.lifecycle.layout import QueueKeys
@@ -92,6 +92,7 @@ def finish(
         "channel": keys.EVENTS_CHANNEL,
         "worker": worker_name,
         "working_s": repr(working_s),
+        "tracing": "1" if tracing.on() else "0",  # whether a job's attempt span is there to read
         "metrics": calls.metrics_args(),
         "batch_metrics": metrics.encode(batch_metrics or {}),
         "all_metrics": metrics.encode(total),

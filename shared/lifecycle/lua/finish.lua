@@ -5,14 +5,15 @@
 -- again. Each job that ends here adds its metrics (entry field `m`, JSON in a string; failures `f`), the
 -- batch its own (`batch_metrics`): the sum of all of them comes ready-made (`all_metrics`), and is recounted only
 -- if some job did not end. Returns {vanished ids, superseded ids}. span: the job's running attempt's trace span
--- (tracing on, workers/traces.py): gone with the job's end, its value kept in the info hash for the webhook's span.
+-- (tracing on, workers/traces.py): gone with the job's end, its value kept in the info hash for the webhook's span;
+-- read only when the finishing worker traces (`tracing` '1'): one a tracing worker left expires with its TTL.
 --
 -- KEYS: started, finished, failed, hook_queue, queues, worker, metrics, window, failures
 -- KEYS per item: job, info, result, payload, attempts, delivery, record, results, batch_delivery, span
--- ARGV: now, channel, worker, working_s, @metrics, batch_metrics, all_metrics, @delivery, jobs[]
+-- ARGV: now, channel, worker, working_s, tracing, @metrics, batch_metrics, all_metrics, @delivery, jobs[]
 -- uses: announce, call_many
 
-local now_s, channel, worker = tonumber(A.now), A.channel, A.worker
+local now_s, channel, worker, tracing = tonumber(A.now), A.channel, A.worker, A.tracing == '1'
 local m, tpl = A.metrics, A.delivery
 local ended_metrics = {}
 local function flat(t)
@@ -51,7 +52,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       ended[#ended + 1] = now_s + j.ttl
       ended[#ended + 1] = j.id
       if not f[2] then j.info[F.ANNOUNCED] = '1' end
-      local ran = redis.call('GET', span)
+      local ran = tracing and redis.call('GET', span)
       if ran then
         j.info[F.ENDED_IN] = ran
         gone[#gone + 1] = span

@@ -29,20 +29,23 @@ local n = 0
 for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, payload, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
-  local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
   n = n + 1
   local id, exec_id = A.jobs.id[n], A.jobs.execution[n]
   redis.call('LREM', K.intermediate, 1, id)
-  -- One read of each hash: origin, status and the fields the worker needs; the info flags.
+  -- One read of each hash: origin, status and the fields the worker needs; the whole info hash, its flags read
+  -- from it (and handed back as it is).
   local j = redis.call('HMGET', job, 'origin', 'status', 'enqueued_at', 'timeout', 'result_ttl', 'failure_ttl')
-  local flags = redis.call('HMGET', info, F.ITEMS, F.CANCELED, F.DEADLINE, F.BATCH_SIZE)
-  local items = tonumber(flags[1]) or 0
+  local flat = redis.call('HGETALL', info)
+  local flags = {}
+  for i = 1, #flat, 2 do flags[flat[i]] = flat[i + 1] end
+  local items = tonumber(flags[F.ITEMS]) or 0
   if not j[1] then
     local state = 'vanished'
     redis.call('DEL', span)
     if items > 0 and redis.call('HSETNX', info, F.ANNOUNCED, '1') == 1 then
       local lines = chunk_lines(info, A.expired_tail)
       local moved = {[chunk_from(info)] = -items, failed = items}
+      local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
       batch_progress(record, results, lines, moved, K.waiting, stamp, channel, hook)
       redis.call('DEL', payload)
       state = 'expired'
@@ -50,8 +53,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
       note_reason(K.failures, m, 'Expired', 'expired: still queued when the batch window ended', info)
     end
     -- Read before the chunk's lines were written: that wrote only `announced`.
-    local deadline = tonumber(flags[3] or '')
-    if deadline and deadline <= now_s and not flags[4] and not flags[2] then
+    local deadline = tonumber(flags[F.DEADLINE] or '')
+    if deadline and deadline <= now_s and not flags[F.BATCH_SIZE] and not flags[F.CANCELED] then
       local d = {info = info, attempts = attempts, delivery = delivery,
                  job_id = id, model = model, status = 'expired', ttl = redis.call('TTL', info), stamp = stamp,
                  channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
@@ -63,7 +66,7 @@ for k = FIXED + 1, #KEYS, STRIDE do
       end
     end
     out[n] = {id, state}
-  elseif j[2] ~= 'queued' or flags[2] then
+  elseif j[2] ~= 'queued' or flags[F.CANCELED] then
     out[n] = {id, 'dropped'}
   else
     registry[#registry + 1] = score
@@ -80,15 +83,19 @@ for k = FIXED + 1, #KEYS, STRIDE do
         redis.call('HINCRBY', record, 'running', items)
         redis.call('HSETNX', record, 'started_at', stamp)
       end
+      flat = redis.call('HGETALL', info)  -- with `counted`
     end
-    out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, inputs and redis.call('GET', payload) or false,
-              redis.call('HGETALL', info)}
+    out[n] = {id, 'started', {'started', j[3], j[4], j[5], j[6]}, inputs and redis.call('GET', payload) or false, flat}
     started[#started + 1] = id
   end
 end
 call_many('ZADD', K.started, registry)  -- RQ's started registry: one call for the batch
+-- Each job's event, its tail encoded once for the batch: an id is spliced in as it is where it needs no escape
+-- (keys.JOB_ID_RE's ids, every id inferq makes), else encoded.
+local tail = ',"model":' .. cjson.encode(model) .. ',"status":"started","batch_size":' .. #started .. '}'
 for _, id in ipairs(started) do
-  redis.call('PUBLISH', channel, cjson.encode({id = id, model = model, status = 'started', batch_size = #started}))
+  local quoted = string.find(id, '^[%w_-]+$') and ('"' .. id .. '"') or cjson.encode(id)
+  redis.call('PUBLISH', channel, '{"id":' .. quoted .. tail)
 end
 metrics_flush(acc, m, K.metrics, K.window)
 return out
