@@ -107,14 +107,30 @@ class Arg:
             _encode_record(self.name, self.fields, value, out)
         else:
             out.append(len(value))
-            width = len(self.fields)
-            flat = all(f.kind == "value" for f in self.fields)
+            width, pairs = len(self.fields), self._pairs_at
             for record in value:
-                # A batch's jobs as (id, execution) tuples: their values in order, checked by count.
-                if flat and isinstance(record, tuple) and len(record) == width:
-                    out.extend(record)
+                # A batch's jobs as tuples of their fields in order, checked by count: values as they are, and
+                # (when the record has any) its hashes' fields flattened, with no call per field.
+                if pairs is not None and isinstance(record, tuple) and len(record) == width:
+                    if not pairs:
+                        out.extend(record)
+                        continue
+                    for at, item in enumerate(record):
+                        if at in pairs:
+                            out.append(len(item))
+                            for pair in item.items():
+                                out.extend(pair)
+                        else:
+                            out.append(item)
                 else:
                     _encode_record(self.name, self.fields, record, out)
+
+    @cached_property
+    def _pairs_at(self) -> frozenset[int] | None:
+        """For a list of records of values and hashes only: the positions of its hashes (None: other fields)."""
+        if any(f.kind not in ("value", "pairs") for f in self.fields):
+            return None
+        return frozenset(n for n, f in enumerate(self.fields) if f.kind == "pairs")
 
 
 def _encode_record(name: str, fields: tuple[Arg, ...], value: Any, out: list[Any]) -> None:

@@ -1,8 +1,8 @@
--- finish: End a batch. Per job (`jobs`: a JSON entry each, in its keys' order): a job whose hash is gone is not
+-- finish: End a batch. Per job (`jobs`, in its keys' order): a job whose hash is gone is not
 -- re-created; one a client canceled, RQ's maintenance failed or requeued, or another worker took over meanwhile
 -- keeps that state (its result is dropped); the rest get their status, RQ result, registry entry and info,
 -- then their event and webhook. The started registry's entry always leaves; the input too unless the job will run
--- again. Each job that ends here adds its metrics (entry field `m`, JSON in a string; failures `f`), the
+-- again. Each job that ends here adds its metrics (`m`, JSON in a string, '' for none), the
 -- batch its own (`batch_metrics`): the sum of all of them comes ready-made (`all_metrics`), and is recounted only
 -- if some job did not end. Returns {vanished ids, superseded ids}. span: the job's running attempt's trace span
 -- (tracing on, workers/traces.py): gone with the job's end, its value kept in the info hash for the webhook's span;
@@ -10,17 +10,16 @@
 --
 -- KEYS: started, finished, failed, hook_queue, queues, worker, metrics, window, failures
 -- KEYS per item: job, info, result, payload, attempts, delivery, record, results, batch_delivery, span
--- ARGV: now, channel, worker, working_s, tracing, @metrics, batch_metrics, all_metrics, @delivery, jobs[]
+-- A job's `result` and `info` come as the flat field/value lists XADD and HSET take, its `view` as JSON text ('' for
+-- none); `rare` is '' or JSON holding what few jobs have: failure records `f`, a bulk chunk's `lines` and `moved`.
+--
+-- ARGV: now, channel, worker, working_s, tracing, @metrics, batch_metrics, all_metrics, @delivery, jobs[id, exec_id, status, ttl, ended_at, model, result<>, info<>, view, m, rare]
 -- uses: announce, call_many
 
 local now_s, channel, worker, tracing = tonumber(A.now), A.channel, A.worker, A.tracing == '1'
 local m, tpl = A.metrics, A.delivery
 local ended_metrics = {}
-local function flat(t)
-  local out = {}
-  for k, v in pairs(t) do out[#out + 1] = k; out[#out + 1] = v end
-  return out
-end
+local J = A.jobs
 local vanished, superseded = {}, {}
 local done, failed, running, gone = {}, {}, {}, {}
 local counts = {finished = 0, failed = 0}
@@ -29,52 +28,55 @@ for k = FIXED + 1, #KEYS, STRIDE do
   local job, info, result, payload, attempts, delivery, record, results, batch_delivery, span =
     unpack(KEYS, k, k + STRIDE - 1)
   n = n + 1
-  local j = cjson.decode(A.jobs[n])
+  local id, exec_id, ttl, ended_at = J.id[n], J.exec_id[n], tonumber(J.ttl[n]), J.ended_at[n]
   local keep_input = false
   local h = redis.call('HMGET', job, 'origin', 'status', 'worker_name')
   if not h[1] then
-    vanished[#vanished + 1] = j.id
+    vanished[#vanished + 1] = id
     gone[#gone + 1] = span
   else
     local status = h[2]
     local mine = status == 'started' and h[3] == worker
     local f = mine and redis.call('HMGET', info, F.CANCELED, F.ANNOUNCED, F.WEBHOOK)  -- one read for announce
     if not mine or f[1] then
-      superseded[#superseded + 1] = j.id
+      superseded[#superseded + 1] = id
       keep_input = status == 'queued' or (status == 'started' and not mine)
       if not keep_input then gone[#gone + 1] = span end  -- it ended (canceled, failed): no attempt runs now
     else
-      redis.call('HSET', job, 'status', j.status, 'ended_at', j.ended_at)
-      redis.call('EXPIRE', job, j.ttl)
-      redis.call('XADD', result, 'MAXLEN', 10, '*', unpack(flat(j.result)))
-      redis.call('EXPIRE', result, j.ttl)
-      local ended = j.status == 'finished' and done or failed
-      ended[#ended + 1] = now_s + j.ttl
-      ended[#ended + 1] = j.id
-      if not f[2] then j.info[F.ANNOUNCED] = '1' end
+      local ended_as, fields = J.status[n], J.info[n]
+      redis.call('HSET', job, 'status', ended_as, 'ended_at', ended_at)
+      redis.call('EXPIRE', job, ttl)
+      redis.call('XADD', result, 'MAXLEN', 10, '*', unpack(J.result[n]))
+      redis.call('EXPIRE', result, ttl)
+      local ended = ended_as == 'finished' and done or failed
+      ended[#ended + 1] = now_s + ttl
+      ended[#ended + 1] = id
+      if not f[2] then fields[#fields + 1] = F.ANNOUNCED; fields[#fields + 1] = '1' end
       local ran = tracing and redis.call('GET', span)
       if ran then
-        j.info[F.ENDED_IN] = ran
+        fields[#fields + 1] = F.ENDED_IN; fields[#fields + 1] = ran
         gone[#gone + 1] = span
       end
-      redis.call('HSET', info, unpack(flat(j.info)))
-      redis.call('EXPIRE', info, j.ttl)
-      counts[j.status] = counts[j.status] + 1
-      if j.m then ended_metrics[#ended_metrics + 1] = j.m end
-      if j.f then
-        for _, record in ipairs(j.f) do note_failure(K.failures, m, record) end
+      if #fields > 0 then redis.call('HSET', info, unpack(fields)) end
+      redis.call('EXPIRE', info, ttl)
+      counts[ended_as] = counts[ended_as] + 1
+      if J.m[n] ~= '' then ended_metrics[#ended_metrics + 1] = J.m[n] end
+      if J.rare[n] ~= '' then
+        local rare = cjson.decode(J.rare[n])
+        for _, failure in ipairs(rare.f or {}) do note_failure(K.failures, m, failure) end
+        if rare.lines then
+          local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
+          batch_progress(record, results, rare.lines, rare.moved, false, ended_at, channel, hook)
+        end
       end
-      if j.lines then
-        local hook = {delivery = batch_delivery, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues}
-        batch_progress(record, results, j.lines, j.moved, false, j.ended_at, channel, hook)
-      end
+      local view = J.view[n]
       announce({info = info, attempts = attempts, delivery = delivery,
-                job_id = j.id, model = j.model, status = j.status, ttl = j.ttl, stamp = j.ended_at,
-                channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues, view = j.view,
-                read = {f[2], f[3]}})
+                job_id = id, model = J.model[n], status = ended_as, ttl = ttl, stamp = ended_at,
+                channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues,
+                view = view ~= '' and view or nil, read = {f[2], f[3]}})
     end
   end
-  running[#running + 1] = j.id .. ':' .. j.exec_id
+  running[#running + 1] = id .. ':' .. exec_id
   if not keep_input then gone[#gone + 1] = payload end
 end
 -- The batch's registry moves and deletions, one call each.
