@@ -22,7 +22,9 @@ Written here because redis-py has no automatic pipelining (ioredis's ``enableAut
 the same idea); it is a subclass overriding the one method every command goes through.
 
 Its connections pack commands with hiredis, as redis-py's synchronous client already does: the
-asyncio connection packs them in Python, a tenth of a submit's time for ENQUEUE's sixty arguments.
+asyncio connection packs them in Python, a tenth of a submit's time for ENQUEUE's sixty arguments
+(a command with a large argument still goes by Python's packer, which does not copy it:
+``shared.connections.Packer``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,10 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.connection import HiredisRespSerializer
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
-from inferq.shared import durability
+from inferq.shared import connections, durability
 from inferq.shared.settings import Settings
 
 # A command waiting for its batch: its arguments, options, the future its caller awaits, and its deadline
@@ -152,12 +153,11 @@ class AutoPipelinedRedis(Redis):
 
 
 class _HiredisPacking:
-    """Packs commands with hiredis (byte for byte what redis-py's Python packer writes)."""
+    """Packs commands with hiredis (byte for byte what redis-py's Python packer writes), one with a large argument
+    (a big input's SET) in Python, uncopied (``connections.Packer``)."""
 
-    _serializer = HiredisRespSerializer()
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return self._serializer.pack(*args)  # type: ignore[no-any-return]
+    def pack_command(self, *args: Any) -> list[bytes | memoryview]:
+        return connections.PACKER.pack(*args)
 
 
 class _JoiningPipeline(Pipeline):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -156,6 +157,28 @@ def test_lines_are_numbered_across_blocks_and_one_past_the_limit_is_dropped_unre
         return lines
 
     assert asyncio.run(numbered()) == [(1, b'{"a": 1}'), (2, b""), (3, None), (4, b'{"b": 2}'), (5, b'{"c": 3}')]
+
+
+def test_lines_read_from_any_blocks_are_the_body_split_at_its_newlines() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        body = b"".join(rng.choice([b"\n", b"ab", b"x" * rng.randint(1, 40)]) for _ in range(rng.randint(0, 30)))
+        limit = rng.randint(1, 50)
+        cuts = sorted(rng.sample(range(1, len(body)), min(rng.randint(0, 8), max(len(body) - 1, 0))))
+        blocks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+
+        async def numbered(blocks: list[bytes] = blocks, limit: int = limit) -> list[tuple[int, bytes | None]]:
+            async def source() -> AsyncIterator[bytes]:
+                for block in blocks:
+                    yield block
+
+            return [line async for line in bulk_upload._numbered_lines(source(), limit, None)]
+
+        parts = body.split(b"\n")
+        if parts and parts[-1] == b"":
+            parts.pop()  # a final newline ends the last line; it starts none
+        expected = [(n, None if len(p) > limit else p) for n, p in enumerate(parts, 1)]
+        assert asyncio.run(numbered()) == expected, (body, blocks, limit)
 
 
 def test_a_multipart_upload_is_read_from_its_file_field(redis: redis_py.Redis, settings: Settings) -> None:
