@@ -20,6 +20,8 @@ local now_s, channel, worker, tracing = tonumber(A.now), A.channel, A.worker, A.
 local m, tpl = A.metrics, A.delivery
 local ended_metrics = {}
 local J = A.jobs
+-- What announce reads of each job's end: one table for the batch, its job's fields set in turn.
+local told = {channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues, read = {}}
 local vanished, superseded = {}, {}
 local done, failed, running, gone = {}, {}, {}, {}
 local counts = {finished = 0, failed = 0}
@@ -70,10 +72,10 @@ for k = FIXED + 1, #KEYS, STRIDE do
         end
       end
       local view = J.view[n]
-      announce({info = info, attempts = attempts, delivery = delivery,
-                job_id = id, model = J.model[n], status = ended_as, ttl = ttl, stamp = ended_at,
-                channel = channel, tpl = tpl, hook_queue = K.hook_queue, queues_set = K.queues,
-                view = view ~= '' and view or nil, read = {f[2], f[3]}})
+      told.info, told.attempts, told.delivery, told.job_id, told.model = info, attempts, delivery, id, J.model[n]
+      told.status, told.ttl, told.stamp, told.view = ended_as, ttl, ended_at, view ~= '' and view or nil
+      told.read[1], told.read[2] = f[2], f[3]
+      announce(told)
     end
   end
   running[#running + 1] = id .. ':' .. exec_id

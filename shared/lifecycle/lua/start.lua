@@ -90,12 +90,8 @@ for k = FIXED + 1, #KEYS, STRIDE do
   end
 end
 call_many('ZADD', K.started, registry)  -- RQ's started registry: one call for the batch
--- Each job's event, its tail encoded once for the batch: an id is spliced in as it is where it needs no escape
--- (keys.JOB_ID_RE's ids, every id inferq makes), else encoded.
-local tail = ',"model":' .. cjson.encode(model) .. ',"status":"started","batch_size":' .. #started .. '}'
-for _, id in ipairs(started) do
-  local quoted = string.find(id, '^[%w_-]+$') and ('"' .. id .. '"') or cjson.encode(id)
-  redis.call('PUBLISH', channel, '{"id":' .. quoted .. tail)
-end
+-- Each job's event, its tail encoded once for the batch.
+local tail = ',"model":' .. json_text(model) .. ',"status":"started","batch_size":' .. #started .. '}'
+for _, id in ipairs(started) do redis.call('PUBLISH', channel, '{"id":' .. json_text(id) .. tail) end
 metrics_flush(acc, m, K.metrics, K.window)
 return out

@@ -106,6 +106,12 @@ local function note_reason(key, m, reason, text, info)
   local tenant = redis.call('HGET', info, F.TENANT) or nil
   note_failure(key, m, cjson.encode({at = tonumber(m.now), reason = reason, error = text, tenant = tenant}))
 end
+-- A string as JSON text: as it is between quotes where it needs no escape (ids, model names, statuses: every one
+-- inferq makes), else by cjson; an event is written per job, and cjson.encode of its table cost about a microsecond.
+local function json_text(s)
+  if string.find(s, '^[%w_@.:-]*$') then return '"' .. s .. '"' end
+  return cjson.encode(s)
+end
 -- d: {info, attempts, delivery, job_id, model, status, ttl, stamp, channel, tpl, hook_queue, queues_set, view}
 -- view: the job's view as JSON text (shared.jobs.ended_view), for a request waiting on it; spliced in as
 -- it is, since cjson would re-encode its numbers with 14 digits.
@@ -123,8 +129,8 @@ local function announce(d)
       queue_delivery(d.tpl, d.hook_queue, d.queues_set, d.delivery, d.job_id, d.stamp)
     end
   end
-  local event = cjson.encode({id = d.job_id, model = d.model, status = d.status})
-  if d.view then event = string.sub(event, 1, -2) .. ',"view":' .. d.view .. '}' end
+  local event = '{"id":' .. json_text(d.job_id) .. ',"model":' .. json_text(d.model) .. ',"status":'
+    .. json_text(d.status) .. (d.view and (',"view":' .. d.view .. '}') or '}')
   emit(d.channel, event)
   return true
 end
