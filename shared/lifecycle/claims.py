@@ -144,18 +144,20 @@ def pop(connection: Redis, qk: QueueKeys, want: int) -> list[str]:
 
 
 def read_inputs(connection: Redis, job_ids: Sequence[str]) -> list[tuple[bytes | None, str]]:
-    """Popped jobs' inputs and content types, read ahead of their start (the worker's overlap): one round trip.
+    """Popped jobs' inputs and content types, read ahead of their start (the worker's overlap): one round trip of
+    two commands, an MGET and FIELD_OF_EACH (a GET and an HGET per job cost the worker's client about 5 us a job).
 
     Reading changes nothing; the start script still decides which of them run.
     """
+    if not job_ids:
+        return []
     with connection.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.get(keys.payload_key(job_id))
-            pipe.hget(keys.info_key(job_id), F.CONTENT_TYPE)
-        replies = pipe.execute()
+        pipe.mget([keys.payload_key(job_id) for job_id in job_ids])
+        scripts.FIELD_OF_EACH(pipe, [], [[keys.info_key(job_id)] for job_id in job_ids], {"field": F.CONTENT_TYPE})
+        payloads, content_types = pipe.execute()
     return [
         (payload or None, calls.text(content_type) if content_type else "")
-        for payload, content_type in zip(replies[::2], replies[1::2], strict=True)
+        for payload, content_type in zip(payloads, content_types, strict=True)
     ]
 
 

@@ -8,9 +8,8 @@ taken from ARGV: that is Redis's rule for scripts (and what a Redis Cluster enfo
 declares its fixed keys and, for scripts over a batch, the keys it takes per job; ``Script.__call__``
 checks what it is given against that declaration. ARGV carries values only.
 
-The workers' calls run with plain EVAL: redis-py's Script objects add a SCRIPT EXISTS round trip to
-every pipeline that uses them. The API's (``call_async``) send EVALSHA, and EVAL once when the server
-lacks the script: the body is not sent, nor hashed by Redis, on every submit.
+Every call goes by the script's hash (EVALSHA), its body only once per server (``Script.__call__``):
+redis-py's Script objects add a SCRIPT EXISTS round trip to every pipeline that uses them.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ GIVE_BACK_HELD = Script.load("give-back-held")
 RESCUE = Script.load("rescue")
 JUDGE = Script.load("judge")
 WITHDRAW = Script.load("withdraw")
+FIELD_OF_EACH = Script.load("field-of-each")
 
 ALL = (
     CLAIM_FIRST,
@@ -44,5 +44,6 @@ ALL = (
     RESCUE,
     JUDGE,
     WITHDRAW,
+    FIELD_OF_EACH,
     *bulk_scripts.ALL,
 )

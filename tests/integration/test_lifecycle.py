@@ -172,6 +172,8 @@ def test_every_key_a_script_touches_is_declared_in_its_keys(
     bulk.enqueue_batch(redis, settings, canceled_batch)
     bulk.cancel_batch(redis, settings, canceled_batch.id)
     held = _submit(redis, settings)
+    payload = json.dumps({"inputs": [1.0, 2.0]}).encode()  # _submit's, read ahead as the overlap reads it
+    assert claims.read_inputs(redis, [held, "gone"]) == [(payload, "application/json"), (None, "")]
     queue = worker.queues[0]
     redis.lmove(queue.key, queue.intermediate_queue_key)
     claims.give_back_held(redis, layout.queue_keys(queue.name), [held])
