@@ -467,7 +467,7 @@ class BatchWorker(SimpleWorker):
         self._finisher.submit(lambda: self._store(runner, items, queue, ended_at, traced, report))
 
     def _keep_alive(self, batch: tuple[layout.QueueKeys, list[Claimed]]) -> None:
-        """While the model runs: keep the batch's executions, its jobs and this worker alive in Redis."""
+        """While the model runs: keep the batch's started-registry entries, its jobs and this worker alive in Redis."""
         self.prefetch.expire()
         qk, jobs = batch
         ttl_s = self.settings.heartbeat_ttl_s
